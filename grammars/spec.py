@@ -1,0 +1,80 @@
+"""The frozen description of one constraint: what the caller asked for, in canonical text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class GrammarKind(StrEnum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    CHOICE = "choice"
+    REGEX = "regex"
+    EBNF = "ebnf"  # GBNF / xgrammar EBNF: `root ::= ...`
+    LARK = "lark"
+
+
+def canonical_json(value: Any) -> str:
+    """Key-sorted, compact JSON: two requests with the same schema share one cache entry."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """One constraint. `source` is canonical text: JSON for schemas and choices, the grammar or
+    regex verbatim otherwise. Immutable, so it is safe as a cache key across threads."""
+
+    kind: GrammarKind
+    source: str
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()
+        return f"{self.kind}:{digest[:24]}"
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind in (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT)
+
+    def schema(self) -> dict[str, Any] | bool:
+        """The JSON Schema this spec enforces (json kinds only)."""
+        if self.kind is GrammarKind.JSON_OBJECT:
+            return {"type": "object"}
+        if self.kind is GrammarKind.JSON_SCHEMA:
+            loaded: dict[str, Any] | bool = json.loads(self.source)
+            return loaded
+        raise ValueError(f"a {self.kind} constraint has no JSON Schema")
+
+    def choices(self) -> list[str]:
+        if self.kind is not GrammarKind.CHOICE:
+            raise ValueError(f"a {self.kind} constraint has no choices")
+        loaded: list[str] = json.loads(self.source)
+        return loaded
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool) -> GrammarSpec:
+        return cls(GrammarKind.JSON_SCHEMA, canonical_json(schema))
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls(GrammarKind.JSON_OBJECT, "")
+
+    @classmethod
+    def choice(cls, options: list[str]) -> GrammarSpec:
+        return cls(GrammarKind.CHOICE, canonical_json(list(options)))
+
+    @classmethod
+    def regex(cls, pattern: str) -> GrammarSpec:
+        return cls(GrammarKind.REGEX, pattern)
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> GrammarSpec:
+        return cls(GrammarKind.EBNF, grammar)
+
+    @classmethod
+    def lark(cls, grammar: str) -> GrammarSpec:
+        return cls(GrammarKind.LARK, grammar)

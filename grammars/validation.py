@@ -1,0 +1,89 @@
+"""Check a constraint before compiling it, and check an answer against the full contract after."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from grammars.spec import GrammarKind, GrammarSpec
+
+
+class InvalidConstraint(ValueError):
+    """The caller's constraint is malformed. `param` names the request field, `where` the place in it."""
+
+    def __init__(self, message: str, *, param: str, where: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.where = where
+
+
+def json_pointer(path: Any) -> str:
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
+    return "/" + "/".join(parts) if parts else "/"
+
+
+def check_schema(schema: Any, *, param: str) -> None:
+    """Reject a schema that is not valid JSON Schema (Draft 2020-12 meta-schema), naming where."""
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidConstraint(
+            f"{param} must be a JSON Schema object, got {type(schema).__name__}", param=param, where="/"
+        )
+    validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
+    try:
+        validator_cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = json_pointer(exc.path)
+        raise InvalidConstraint(
+            f"invalid JSON Schema at {where}: {exc.message}", param=param, where=where
+        ) from exc
+
+
+def check_regex_hint(pattern: str) -> str | None:
+    """Python's view of a regex, for a position hint when every engine refuses it."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"{exc.msg} at position {exc.pos}"
+    return None
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    valid: bool
+    error: str | None = None
+    value: Any = None
+
+
+_FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+
+
+def validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
+    """Validate a finished answer against the *full* contract (not the decode-time subset)."""
+    if spec.is_json:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return OutputCheck(False, f"not JSON: {exc}")
+        schema = spec.schema()
+        validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
+        validator = validator_cls(schema, format_checker=_FORMAT_CHECKER)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is not None:
+            return OutputCheck(False, f"at {json_pointer(error.absolute_path)}: {error.message}", value)
+        return OutputCheck(True, None, value)
+    if spec.kind is GrammarKind.CHOICE:
+        ok = text in spec.choices()
+        return OutputCheck(ok, None if ok else "answer is not one of the choices", text)
+    if spec.kind is GrammarKind.REGEX:
+        try:
+            ok = re.fullmatch(spec.source, text) is not None
+        except re.error:
+            return OutputCheck(True, None, text)  # engine regex dialect Python cannot read: trust the engine
+        return OutputCheck(ok, None if ok else "answer does not match the regex", text)
+    # Grammars: the matcher accepted every token and reached an accepting state; that is the check.
+    return OutputCheck(True, None, text)

@@ -1,0 +1,127 @@
+"""llguidance as a SamplerBackend: JSON Schema, regex, Lark (and GBNF converted to Lark)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from grammars.lowering import choice_to_lark
+from grammars.spec import GrammarKind, GrammarSpec
+from samplers.protocol import CompileError, Matcher, TokenizerSpec
+
+NAME = "llguidance"
+
+# The same separators as the xgrammar backend (", " and ": ") and no free whitespace (llguidance's default is flexible whitespace, which lets a
+# model loop on spaces). Not lenient: an unimplemented keyword is a compile error, so `auto` can route
+# the schema elsewhere instead of silently under-enforcing it.
+JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": False,
+}
+
+
+@dataclass(frozen=True)
+class LLGuidanceCompiled:
+    spec: GrammarSpec
+    prototype: Any  # an LLMatcher at the start state; matchers are deep copies of it
+    backend_name: str = NAME
+
+
+class LLGuidanceMatcher:
+    def __init__(self, compiled: LLGuidanceCompiled) -> None:
+        self._m = compiled.prototype.deep_copy()
+
+    @property
+    def handle(self) -> Any:
+        return self._m
+
+    @property
+    def error(self) -> str | None:
+        return str(self._m.get_error()) if self._m.is_error() else None
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        width = bitmask.shape[1] * 4
+        self._m.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * width, width)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._m.validate_tokens([token_id]) != 1:
+            return False
+        return bool(self._m.consume_token(token_id))
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        return int(self._m.validate_tokens(list(token_ids)))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def forced_tokens(self) -> list[int]:
+        return list(self._m.compute_ff_tokens())
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_stopped())
+
+    def can_terminate(self) -> bool:
+        return bool(self._m.is_accepting())
+
+
+class LLGuidanceBackend:
+    name = NAME
+
+    def __init__(self, tokenizer: TokenizerSpec) -> None:
+        self._tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.stop_token_ids)
+        )
+        self._executor = llguidance.LLExecutor()
+
+    def supports(self, spec: GrammarSpec) -> str | None:
+        return None
+
+    def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
+        grammar = self._grammar_text(spec)
+        # Constructing the matcher does the real work (lexer/parser tables) and drops the GIL.
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise CompileError(_clean(str(matcher.get_error())), backend=NAME, unsupported=spec.is_json)
+        return LLGuidanceCompiled(spec, matcher)
+
+    def _grammar_text(self, spec: GrammarSpec) -> str:
+        try:
+            if spec.is_json:
+                schema = spec.schema() if spec.kind is GrammarKind.JSON_SCHEMA else {"type": "object"}
+                return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+            if spec.kind is GrammarKind.REGEX:
+                return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
+            if spec.kind is GrammarKind.LARK:
+                return str(llguidance.LLMatcher.grammar_from_lark(spec.source))
+            if spec.kind is GrammarKind.EBNF:
+                return str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source)))
+            if spec.kind is GrammarKind.CHOICE:
+                return str(llguidance.LLMatcher.grammar_from_lark(choice_to_lark(spec.choices())))
+        except (ValueError, KeyError, IndexError) as exc:
+            raise CompileError(f"llguidance could not read the {spec.kind}: {exc}", backend=NAME) from exc
+        raise CompileError(f"llguidance cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
+
+    def new_matcher(self, compiled: Any) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(compiled)
+
+    def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        pairs = [(m.handle, row) for m, row in zip(matchers, rows, strict=True) if isinstance(m, LLGuidanceMatcher)]
+        width = bitmask.shape[1] * 4
+        # Parallel over llguidance's own threads, GIL released; bitmask must be contiguous CPU int32.
+        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), width, bitmask.shape[0])
+
+
+def _clean(message: str) -> str:
+    return message.strip()
+
+

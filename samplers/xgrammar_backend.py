@@ -1,0 +1,137 @@
+"""xgrammar as a SamplerBackend: JSON Schema, regex, EBNF and Lark through one GrammarCompiler."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import xgrammar
+
+from grammars.lowering import choice_to_ebnf
+from grammars.spec import GrammarKind, GrammarSpec
+from samplers.protocol import CompileError, Matcher, TokenizerSpec
+
+log = logging.getLogger(__name__)
+
+NAME = "xgrammar"
+
+
+@dataclass(frozen=True)
+class XGrammarCompiled:
+    spec: GrammarSpec
+    grammar: Any  # xgrammar.CompiledGrammar
+    backend_name: str = NAME
+
+
+class XGrammarMatcher:
+    def __init__(self, compiled: XGrammarCompiled, tokenizer: Any) -> None:
+        self._m = xgrammar.GrammarMatcher(compiled.grammar)
+        self._tokenizer = tokenizer
+        self._error: str | None = None
+
+    @property
+    def handle(self) -> Any:
+        return self._m
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        ok = bool(self._m.accept_token(token_id))
+        if not ok:
+            self._error = f"token {token_id} rejected by the grammar"
+        return ok
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        probe = self._m.fork()
+        for count, token in enumerate(token_ids):
+            if not probe.accept_token(token):
+                return count
+        return len(token_ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def forced_tokens(self) -> list[int]:
+        # xgrammar gives the forced *string*; tokenising it alone could split differently from how
+        # the model would, so the last token (which could merge with what follows) is held back and
+        # the rest is kept only as far as the grammar accepts it token by token.
+        forced = self._m.find_jump_forward_string()
+        if not forced:
+            return []
+        tokens: list[int] = list(self._tokenizer.encode(forced, add_special_tokens=False))[:-1]
+        return tokens[: self.validate_tokens(tokens)]
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+    def can_terminate(self) -> bool:
+        return bool(self._m.is_completed())
+
+
+class XGrammarBackend:
+    name = NAME
+
+    def __init__(self, tokenizer: TokenizerSpec) -> None:
+        self._tokenizer = tokenizer.hf_tokenizer
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer.hf_tokenizer,
+            vocab_size=tokenizer.vocab_size,
+            stop_token_ids=list(tokenizer.stop_token_ids),
+        )
+        threads = max(1, min(8, os.cpu_count() or 1))
+        # corral keeps its own cache keyed by canonical spec, so xgrammar's is off (no double memory).
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self._batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
+
+    def supports(self, spec: GrammarSpec) -> str | None:
+        return None
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        try:
+            return XGrammarCompiled(spec, self._compile(spec))
+        except RuntimeError as exc:
+            raise CompileError(_clean(str(exc)), backend=NAME, unsupported=spec.is_json) from exc
+
+    def _compile(self, spec: GrammarSpec) -> Any:
+        if spec.is_json:
+            # No free whitespace: bounded output, no whitespace loops. xgrammar 0.2.8's generic
+            # object/array rules always use ", " whatever `separators` says, so keep its defaults
+            # (", " and ": ") to stay self-consistent.
+            return self._compiler.compile_json_schema(
+                spec.source if spec.kind is GrammarKind.JSON_SCHEMA else '{"type":"object"}',
+                any_whitespace=False,
+                strict_mode=False,
+            )
+        if spec.kind is GrammarKind.REGEX:
+            return self._compiler.compile_regex(spec.source)
+        if spec.kind is GrammarKind.LARK:
+            return self._compiler.compile_lark(spec.source)
+        if spec.kind is GrammarKind.EBNF:
+            return self._compiler.compile_grammar(spec.source)
+        if spec.kind is GrammarKind.CHOICE:
+            return self._compiler.compile_grammar(choice_to_ebnf(spec.choices()))
+        raise CompileError(f"xgrammar cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
+
+    def new_matcher(self, compiled: Any) -> XGrammarMatcher:
+        return XGrammarMatcher(compiled, self._tokenizer)
+
+    def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        handles = [m.handle for m in matchers if isinstance(m, XGrammarMatcher)]
+        self._batch.batch_fill_next_token_bitmask(handles, bitmask, list(rows))
+
+
+def _clean(message: str) -> str:
+    """Drop xgrammar's `[time] /project/cpp/file.cc:123: ` prefix; keep the human part."""
+    first, _, rest = message.partition(": ")
+    text = rest if first.startswith("[") and rest else message
+    return text.strip()

