@@ -1,0 +1,138 @@
+"""Turn an OpenAI-style request's constraint fields into one GrammarSpec (or none), or say what is wrong."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grammars.lowering import detect_grammar_kind
+from grammars.spec import GrammarKind, GrammarSpec
+from grammars.validation import InvalidConstraint, check_schema
+
+AUTO = "auto"
+CONSTRAINT_KEYS = ("json", "json_object", "choice", "regex", "grammar")
+GRAMMAR_SYNTAXES = {"lark": GrammarKind.LARK, "ebnf": GrammarKind.EBNF, "gbnf": GrammarKind.EBNF}
+MAX_CHOICES = 10_000
+
+
+@dataclass(frozen=True)
+class ConstraintRequest:
+    spec: GrammarSpec | None
+    backend: str = AUTO
+    source: str | None = None  # the request field the constraint came from, for error messages
+
+
+def parse_constraint(response_format: Any, structured_outputs: Any) -> ConstraintRequest:
+    """Exactly one constraint per request; two (in either or both places) is an error."""
+    found: list[tuple[str, GrammarSpec]] = []
+    backend = AUTO
+    if response_format is not None:
+        spec = _from_response_format(response_format)
+        if spec is not None:
+            found.append(("response_format", spec))
+    if structured_outputs is not None:
+        if not isinstance(structured_outputs, dict):
+            raise InvalidConstraint("structured_outputs must be an object", param="structured_outputs")
+        unknown = set(structured_outputs) - {*CONSTRAINT_KEYS, "backend", "grammar_syntax"}
+        if unknown:
+            raise InvalidConstraint(
+                f"unknown structured_outputs field(s): {', '.join(sorted(unknown))}; expected one of "
+                f"{', '.join(CONSTRAINT_KEYS)} (+ backend, grammar_syntax)",
+                param="structured_outputs",
+            )
+        for key in CONSTRAINT_KEYS:
+            value = structured_outputs.get(key)
+            if value is None or value is False:
+                continue
+            found.append((f"structured_outputs.{key}", _from_structured(key, value, structured_outputs)))
+        raw_backend = structured_outputs.get("backend")
+        if raw_backend is not None:
+            if not isinstance(raw_backend, str) or not raw_backend:
+                raise InvalidConstraint("structured_outputs.backend must be a backend name", param="structured_outputs.backend")
+            backend = raw_backend
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise InvalidConstraint(
+            f"exactly one constraint per request is allowed, got {len(found)}: {names}", param=found[1][0]
+        )
+    if not found:
+        return ConstraintRequest(None, backend)
+    source, spec = found[0]
+    return ConstraintRequest(spec, backend, source)
+
+
+def _from_response_format(rf: Any) -> GrammarSpec | None:
+    if not isinstance(rf, dict):
+        raise InvalidConstraint("response_format must be an object", param="response_format")
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return GrammarSpec.json_object()
+    if kind == "json_schema":
+        block = rf.get("json_schema")
+        if not isinstance(block, dict):
+            raise InvalidConstraint(
+                "response_format.json_schema must be an object with a 'schema'", param="response_format.json_schema"
+            )
+        schema = block.get("schema", block.get("json_schema"))
+        if schema is None:
+            raise InvalidConstraint(
+                "response_format.json_schema.schema is required", param="response_format.json_schema.schema"
+            )
+        return _schema_spec(schema, "response_format.json_schema.schema")
+    raise InvalidConstraint(
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format.type",
+    )
+
+
+def _schema_spec(schema: Any, param: str) -> GrammarSpec:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidConstraint(
+                f"{param} is not valid JSON: {exc.msg} at line {exc.lineno}:{exc.colno}", param=param
+            ) from exc
+    check_schema(schema, param=param)
+    return GrammarSpec.json_schema(schema)
+
+
+def _from_structured(key: str, value: Any, block: dict[str, Any]) -> GrammarSpec:
+    param = f"structured_outputs.{key}"
+    if key == "json":
+        return _schema_spec(value, param)
+    if key == "json_object":
+        if value is not True:
+            raise InvalidConstraint(f"{param} must be true", param=param)
+        return GrammarSpec.json_object()
+    if key == "choice":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidConstraint(f"{param} must be a list of strings", param=param)
+        if not value:
+            raise InvalidConstraint(f"{param} is empty: give at least one choice", param=param)
+        if len(value) > MAX_CHOICES:
+            raise InvalidConstraint(f"{param} has {len(value)} choices; at most {MAX_CHOICES}", param=param)
+        if any(v == "" for v in value):
+            raise InvalidConstraint(f"{param} contains an empty string", param=param)
+        return GrammarSpec.choice(list(dict.fromkeys(value)))
+    if key == "regex":
+        if not isinstance(value, str) or not value:
+            raise InvalidConstraint(f"{param} must be a non-empty string", param=param)
+        return GrammarSpec.regex(value)
+    # grammar
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidConstraint(f"{param} must be a non-empty grammar string", param=param)
+    syntax = block.get("grammar_syntax")
+    if syntax is None:
+        kind = detect_grammar_kind(value)
+    elif isinstance(syntax, str) and syntax.lower() in GRAMMAR_SYNTAXES:
+        kind = GRAMMAR_SYNTAXES[syntax.lower()]
+    else:
+        raise InvalidConstraint(
+            f"structured_outputs.grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {syntax!r}",
+            param="structured_outputs.grammar_syntax",
+        )
+    return GrammarSpec(kind, value)

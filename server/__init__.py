@@ -1,0 +1,1 @@
+"""corral's server: OpenAI-compatible HTTP over a constrained decode engine."""

@@ -1,0 +1,80 @@
+"""`corral` console script: `corral serve` starts the server; `corral bench ...` runs benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from server.settings import Settings
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="start the OpenAI-compatible server",
+        description="Start the server. Every flag can also be set as an environment variable CORRAL_<FLAG> "
+        "(e.g. CORRAL_PORT=9000); a flag on the command line wins.",
+    )
+    fields = Settings.model_fields
+    for name, info in fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{info.description or name} (env CORRAL_{name.upper()})"
+        if info.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif name == "model":
+            p.add_argument(flag, dest=name, type=Path, default=None, metavar="DIR", help=help_text)
+        elif name == "device":
+            p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
+        else:
+            p.add_argument(flag, dest=name, default=None, help=help_text)
+
+
+def serve(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Heavy imports after argument parsing, so `corral --help` is instant.
+    import uvicorn
+
+    from server.app import create_app
+    from server.models import ModelLoadError, load_model
+    from server.serving import Service
+
+    try:
+        loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype,
+                            revision_token=settings.revision_token)
+    except ModelLoadError as exc:
+        print(f"corral: {exc}", file=sys.stderr)
+        return 2
+    service = Service(settings, loaded)
+    service.start()
+    logging.getLogger("corral").info("serving %s on http://%s:%d", service.model_name, settings.host, settings.port)
+    uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="corral", description="Constrained-decoding inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    try:
+        from benchmarks.cli import add_bench_parser
+    except ImportError:  # benchmarks are optional at run time
+        add_bench_parser = None
+    if add_bench_parser is not None:
+        add_bench_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.error(f"unknown command {args.command}")
+    code: int = handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

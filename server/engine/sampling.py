@@ -1,0 +1,62 @@
+"""Per-request sampling parameters and the per-row sampler (temperature, top_p, seed, logit_bias)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens on unconstrained rows
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 1e-5
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    if params.seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed)
+    return generator
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """One token per row of masked float logits [B, V]. Rows differ in parameters, so each is drawn alone;
+    B is the running batch (tens), while the V-wide work stays vectorised."""
+    tokens: list[int] = []
+    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
+        scores = logits[row]
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=scores.device)
+            bias = torch.tensor(list(p.logit_bias.values()), device=scores.device, dtype=scores.dtype)
+            # A bias never revives a token the grammar masked out (-inf stays -inf).
+            scores = scores.clone()
+            scores[ids] += bias
+        if p.greedy:
+            tokens.append(int(torch.argmax(scores).item()))
+            continue
+        probs = torch.softmax(scores.float() / p.temperature, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            cumulative = torch.cumsum(sorted_probs, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            drop = cumulative - sorted_probs > p.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        tokens.append(int(torch.multinomial(probs, 1, generator=generator).item()))
+    return tokens

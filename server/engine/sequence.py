@@ -1,0 +1,77 @@
+"""A Sequence is plain state: one request's tokens, grammar matcher, sampling parameters and timings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from samplers.protocol import Matcher, SamplerBackend
+from server.engine.sampling import SamplingParams
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SeqStats:
+    arrival: float = field(default_factory=time.perf_counter)
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    mask_us: list[float] = field(default_factory=list)
+    forward_ms: list[float] = field(default_factory=list)
+    forced_tokens: int = 0
+    sampled_tokens: int = 0
+
+
+@dataclass
+class SeqOutput:
+    """What the engine tells the request's owner after a step: new text, and the end if it came."""
+
+    request_id: str
+    delta: str
+    finished: bool
+    finish_reason: str | None
+    seq: Sequence
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[SeqOutput], None]
+    matcher: Matcher | None = None
+    backend: SamplerBackend | None = None
+    output_ids: list[int] = field(default_factory=list)
+    # Tokens to feed at the next forward: the prompt first, then each sampled token plus forced ones.
+    pending: list[int] = field(default_factory=list)
+    num_cached: int = 0  # positions already written to this sequence's KV slot
+    slot: int = -1
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+    text: str = ""  # decoded output so far (after stop-string truncation)
+    emitted: int = 0  # characters of `text` already handed to the sink
+    stats: SeqStats = field(default_factory=SeqStats)
+
+    def __post_init__(self) -> None:
+        if not self.pending:
+            self.pending = list(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED

@@ -1,0 +1,275 @@
+"""The serving core between HTTP and the engine: prompt, constraint, compile, submit, collect, check."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from grammars.request import ConstraintRequest, parse_constraint
+from grammars.spec import GrammarSpec
+from grammars.validation import InvalidConstraint, OutputCheck, validate_output
+from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
+from samplers.protocol import TokenizerSpec
+from samplers.registry import BackendSet, UnknownBackend
+from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence
+from server.errors import ApiError, bad_request
+from server.models import LoadedModel
+from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready for the engine."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    constraint: ConstraintRequest
+    compiled: CompileResult | None
+    received: float
+
+
+@dataclass
+class Finished:
+    text: str
+    finish_reason: str
+    seq: Sequence
+    check: OutputCheck | None
+
+
+class Service:
+    def __init__(self, settings: Settings, loaded: LoadedModel) -> None:
+        self.settings = settings
+        self.loaded = loaded
+        self.model_name = settings.served_model_name or loaded.name
+        tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
+        self.backends = BackendSet(tokenizer, settings.backend_list())
+        self.grammars = GrammarCache(self.backends)
+        self.engine = Engine(
+            loaded,
+            EngineConfig(
+                max_batch=settings.max_batch,
+                max_model_len=settings.max_model_len,
+                jump_forward=settings.jump_forward,
+            ),
+        )
+        self.loop = EngineLoop(self.engine)
+        self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
+        self._ids = itertools.count()
+        self.in_flight = 0
+        self.ready = False
+
+    def start(self) -> None:
+        self.backends.warm_up()  # tokenizer tables are built once, at start, not on a first request
+        self.loop.start()
+        self.ready = True
+
+    def stop(self) -> None:
+        self.ready = False
+        self.loop.stop()
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- request preparation -----------------------------------------------------------------------
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in req.messages]
+        try:
+            ids = self.loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # a template may reject a message order; that is the caller's input
+            raise bad_request(f"messages could not be rendered by the chat template: {exc}", param="messages") from exc
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+        try:
+            text = req.prompt_text()
+        except ValueError as exc:
+            raise bad_request(str(exc), param="prompt") from exc
+        return [int(t) for t in self.loaded.tokenizer.encode(text, add_special_tokens=True)]
+
+    async def prepare(self, req: _Request, prompt_ids: list[int], *, prompt_param: str) -> Prepared:
+        received = time.perf_counter()
+        if not self.ready:
+            raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
+        if req.model is not None and req.model not in (self.model_name, "default"):
+            raise ApiError(404, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        limit = self.engine.max_len
+        if len(prompt_ids) >= limit:
+            raise bad_request(
+                f"the prompt is {len(prompt_ids)} tokens; this model's context is {limit} tokens "
+                "(prompt + at least one generated token)",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        try:
+            constraint = parse_constraint(req.response_format, req.structured_outputs)
+            self.backends.check_name(constraint.backend)
+        except InvalidConstraint as exc:
+            raise bad_request(str(exc), param=exc.param) from exc
+        except UnknownBackend as exc:
+            raise bad_request(str(exc), param="structured_outputs.backend") from exc
+        params = self._sampling_params(req, len(prompt_ids))
+        compiled = await self._compile(constraint) if constraint.spec is not None else None
+        return Prepared(f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received)
+
+    def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
+        requested = req.max_completion_tokens or req.max_tokens or self.settings.default_max_tokens
+        room = self.engine.max_len - prompt_len
+        bias: dict[int, float] = {}
+        for key, value in (req.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError as exc:
+                raise bad_request(f"logit_bias key {key!r} is not a token id", param="logit_bias") from exc
+            if not 0 <= token < self.loaded.vocab_size or not -100 <= value <= 100:
+                raise bad_request(
+                    f"logit_bias {key}: token ids are 0..{self.loaded.vocab_size - 1}, biases -100..100",
+                    param="logit_bias",
+                )
+            bias[token] = float(value)
+        return SamplingParams(
+            max_tokens=min(requested, room),
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=req.stop_list(),
+            logit_bias=bias,
+            ignore_eos=req.ignore_eos,
+        )
+
+    async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
+        assert constraint.spec is not None
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._compile_pool, self.grammars.compile, constraint.spec, constraint.backend)
+        try:
+            return await asyncio.wait_for(future, timeout=self.settings.compile_timeout_s)
+        except TimeoutError as exc:
+            raise bad_request(
+                f"compiling the {constraint.spec.kind} constraint took longer than "
+                f"{self.settings.compile_timeout_s:g} s; simplify it",
+                param=constraint.source, code="grammar_compile_timeout",
+            ) from exc
+        except GrammarRejected as exc:
+            raise bad_request(str(exc), param=constraint.source,
+                              code="unsupported_schema" if exc.unsupported else "invalid_grammar") from exc
+
+    # -- running -----------------------------------------------------------------------------------
+    async def stream(self, prepared: Prepared) -> AsyncIterator[SeqOutput]:
+        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+        if self.in_flight >= self.settings.max_queue:
+            raise ApiError(429, f"the server is at its limit of {self.settings.max_queue} requests; retry later",
+                           type_="rate_limit_error", code="queue_full")
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
+
+        def sink(out: SeqOutput) -> None:  # engine thread → event loop
+            loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+        compiled = prepared.compiled
+        backend = self.backends.get(compiled.backend) if compiled else None
+        seq = Sequence(
+            request_id=prepared.request_id,
+            prompt_ids=prepared.prompt_ids,
+            params=prepared.params,
+            sink=sink,
+            matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
+            backend=backend,
+        )
+        seq.stats.arrival = prepared.received
+        self.in_flight += 1
+        finished = False
+        try:
+            self.loop.submit(seq)
+            while True:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self.in_flight -= 1
+            if not finished:
+                self.loop.abort(seq.request_id)
+
+    async def run(self, prepared: Prepared) -> Finished:
+        async for out in self.stream(prepared):
+            if out.finished:
+                return self.finish(prepared, out)
+        raise RuntimeError("engine stream ended without a final output")
+
+    def finish(self, prepared: Prepared, out: SeqOutput) -> Finished:
+        seq = out.seq
+        spec = prepared.constraint.spec
+        check = self.check_output(spec, seq.text, out.finish_reason) if spec is not None else None
+        return Finished(seq.text, out.finish_reason or "stop", seq, check)
+
+    @staticmethod
+    def check_output(spec: GrammarSpec, text: str, finish_reason: str | None) -> OutputCheck:
+        if finish_reason != "stop":
+            return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed")
+        return validate_output(spec, text)
+
+    # -- response extras ---------------------------------------------------------------------------
+    def extras(self, prepared: Prepared, seq: Sequence, check: OutputCheck | None) -> dict[str, Any]:
+        stats = seq.stats
+        compiled = prepared.compiled
+        end = stats.finished or time.perf_counter()
+        generated = len(seq.output_ids)
+        first = stats.first_token
+        masks = sorted(stats.mask_us)
+        timings = {
+            "queue_ms": _ms(stats.arrival, stats.scheduled),
+            "compile_ms": round(compiled.compile_ms, 3) if compiled else 0.0,
+            "ttft_ms": _ms(stats.arrival, first),
+            "tpot_ms": round((end - first) * 1000 / (generated - 1), 3) if first and generated > 1 else None,
+            "mask_us_p50": round(_quantile(masks, 0.5), 1) if masks else None,
+            "mask_us_p99": round(_quantile(masks, 0.99), 1) if masks else None,
+            "forward_ms_mean": round(sum(stats.forward_ms) / len(stats.forward_ms), 3) if stats.forward_ms else None,
+            "forward_steps": len(stats.forward_ms),
+            "forced_tokens": stats.forced_tokens,
+            "total_ms": _ms(stats.arrival, end),
+        }
+        grammar: dict[str, Any] | None = None
+        if compiled is not None and prepared.constraint.spec is not None:
+            grammar = {
+                "kind": str(prepared.constraint.spec.kind),
+                "backend": compiled.backend,
+                "requested_backend": prepared.constraint.backend,
+                "cache_hit": compiled.cache_hit,
+                "schema_valid": check.valid if check and prepared.constraint.spec.is_json else None,
+                "valid": check.valid if check else None,
+                "validation_error": check.error if check else None,
+                "forced_tokens": stats.forced_tokens,
+                "revisions": 0,
+                "failure": None if (check and check.valid) else _failure_class(seq),
+            }
+        return {"timings": timings, "grammar": grammar}
+
+
+def _failure_class(seq: Sequence) -> str:
+    if seq.finish_reason == "length":
+        return "length"
+    if seq.finish_reason == "error":
+        return "engine_error"
+    return "invalid_output"
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start) * 1000, 3)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]

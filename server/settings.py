@@ -1,0 +1,33 @@
+"""Server settings: every `corral serve` flag is also an environment variable (CORRAL_<NAME>)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    model: Path | None = Field(None, description="local Hugging Face causal-LM directory; default: embedded model")
+    served_model_name: str | None = Field(None, description="model id reported by /v1/models")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: Literal["cpu", "cuda"] | None = Field(None, description="default: cuda if available, else cpu")
+    dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
+    revision_token: str | None = Field(None, description="token text of the revision token (default: <|revise|> if present)")
+    max_batch: int = Field(16, ge=1, description="sequences decoded together per step")
+    max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per sequence")
+    max_queue: int = Field(256, ge=1, description="requests waiting or running before 429")
+    default_max_tokens: int = Field(512, ge=1, description="max_tokens when a request gives none")
+    compile_timeout_s: float = Field(10.0, gt=0, description="grammar compile deadline")
+    compile_workers: int = Field(2, ge=1, description="threads compiling grammars")
+    jump_forward: bool = Field(True, description="append grammar-forced tokens without sampling")
+    backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
+    log_level: str = "info"
+
+    def backend_list(self) -> list[str]:
+        return [b.strip() for b in self.backends.split(",") if b.strip()]
