@@ -11,8 +11,17 @@ from grammars.spec import GrammarKind, GrammarSpec
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_SINGLE = (
-    "items", "additionalProperties", "not", "if", "then", "else", "contains",
-    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
 )
 
 

@@ -49,7 +49,9 @@ def parse_constraint(response_format: Any, structured_outputs: Any) -> Constrain
         raw_backend = structured_outputs.get("backend")
         if raw_backend is not None:
             if not isinstance(raw_backend, str) or not raw_backend:
-                raise InvalidConstraint("structured_outputs.backend must be a backend name", param="structured_outputs.backend")
+                raise InvalidConstraint(
+                    "structured_outputs.backend must be a backend name", param="structured_outputs.backend"
+                )
             backend = raw_backend
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)

@@ -35,12 +35,10 @@ def check_schema(schema: Any, *, param: str) -> None:
         )
     validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
     try:
-        validator_cls.check_schema(schema)
+        validator_cls.check_schema(schema)  # type: ignore[arg-type]  # booleans are valid schemas
     except jsonschema.SchemaError as exc:
         where = json_pointer(exc.path)
-        raise InvalidConstraint(
-            f"invalid JSON Schema at {where}: {exc.message}", param=param, where=where
-        ) from exc
+        raise InvalidConstraint(f"invalid JSON Schema at {where}: {exc.message}", param=param, where=where) from exc
 
 
 def check_regex_hint(pattern: str) -> str | None:

@@ -55,6 +55,7 @@ class GrammarCache:
         start = time.perf_counter()
         key = (backend, spec.key)
         owner = False
+        future: Future[CompiledGrammar | GrammarRejected] | None = None
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
@@ -68,6 +69,7 @@ class GrammarCache:
                     owner = True
                     self.misses += 1
         if cached is None:
+            assert future is not None  # set above whenever there was no cached entry
             if owner:
                 cached = self._compile_uncached(spec, backend)
                 with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -16,12 +16,15 @@ from grammars.lowering import choice_to_lark
 from grammars.spec import GrammarKind, GrammarSpec
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 NAME = "llguidance"
 
-# The same separators as the xgrammar backend (", " and ": ") and no free whitespace (llguidance's default is flexible whitespace, which lets a
-# model loop on spaces). Not lenient: an unimplemented keyword is a compile error, so `auto` can route
-# the schema elsewhere instead of silently under-enforcing it.
-JSON_OPTIONS: dict[str, Any] = {
+# The same separators as the xgrammar backend (", " and ": ") and no free whitespace: llguidance's
+# default is flexible whitespace, which lets a model loop on spaces. Not lenient: an unimplemented
+# keyword is a compile error, so `auto` can route the schema elsewhere instead of under-enforcing it.
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
@@ -123,5 +126,3 @@ class LLGuidanceBackend:
 
 def _clean(message: str) -> str:
     return message.strip()
-
-

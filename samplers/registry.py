@@ -28,9 +28,7 @@ _lock = threading.Lock()
 
 class UnknownBackend(ValueError):
     def __init__(self, name: str) -> None:
-        super().__init__(
-            f"unknown backend {name!r}; available: {', '.join([AUTO, *backend_names()])}"
-        )
+        super().__init__(f"unknown backend {name!r}; available: {', '.join([AUTO, *backend_names()])}")
         self.name = name
 
 

@@ -18,6 +18,7 @@ from samplers.protocol import CompileError, Matcher, TokenizerSpec
 log = logging.getLogger(__name__)
 
 NAME = "xgrammar"
+BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth its hand-off
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,15 @@ class XGrammarBackend:
         return XGrammarMatcher(compiled, self._tokenizer)
 
     def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        handles = [m.handle for m in matchers if isinstance(m, XGrammarMatcher)]
-        self._batch.batch_fill_next_token_bitmask(handles, bitmask, list(rows))
+        # Measured on 2 cores with the 128k Llama-3 vocabulary: one fill takes ~10-25 µs, while
+        # BatchGrammarMatcher's thread hand-off costs 0.2-4 ms per call below ~16 rows. Its threads only
+        # pay off for large batches on many cores.
+        if len(matchers) >= BATCH_THRESHOLD:
+            handles = [m.handle for m in matchers if isinstance(m, XGrammarMatcher)]
+            self._batch.batch_fill_next_token_bitmask(handles, bitmask, list(rows))
+            return
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_bitmask(bitmask, row)
 
 
 def _clean(message: str) -> str:

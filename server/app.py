@@ -11,7 +11,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from server.errors import ApiError
@@ -53,15 +54,32 @@ def create_app(service: Service) -> FastAPI:
     async def health() -> JSONResponse:
         if not service.ready or not service.loop.alive:
             return JSONResponse({"status": "unavailable"}, 503)
-        return JSONResponse({"status": "ok", "running": len(service.engine.scheduler.running),
-                             "waiting": len(service.engine.scheduler.waiting)})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "running": len(service.engine.scheduler.running),
+                "waiting": len(service.engine.scheduler.waiting),
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": service.model_name, "object": "model", "created": 0, "owned_by": "corral",
-            "max_model_len": service.engine.max_len,
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": service.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "corral",
+                    "max_model_len": service.engine.max_len,
+                }
+            ],
+        }
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
@@ -76,7 +94,9 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
-async def _respond(service: Service, req: _Request, prepared: Prepared, *, chat: bool) -> JSONResponse | EventSourceResponse:
+async def _respond(
+    service: Service, req: _Request, prepared: Prepared, *, chat: bool
+) -> JSONResponse | EventSourceResponse:
     created = int(time.time())
     prefix = "chatcmpl" if chat else "cmpl"
     response_id = f"{prefix}-{prepared.request_id}"
@@ -91,7 +111,9 @@ def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-def _final_body(service: Service, prepared: Prepared, done: Finished, rid: str, created: int, chat: bool) -> dict[str, Any]:
+def _final_body(
+    service: Service, prepared: Prepared, done: Finished, rid: str, created: int, chat: bool
+) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason, "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": done.text}
@@ -108,8 +130,9 @@ def _final_body(service: Service, prepared: Prepared, done: Finished, rid: str, 
     }
 
 
-async def _stream(service: Service, req: _Request, prepared: Prepared, rid: str, created: int,
-                  chat: bool) -> AsyncIterator[str]:
+async def _stream(
+    service: Service, req: _Request, prepared: Prepared, rid: str, created: int, chat: bool
+) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(delta: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
@@ -135,9 +158,13 @@ async def _stream(service: Service, req: _Request, prepared: Prepared, rid: str,
         last.update(service.extras(prepared, done.seq, done.check))
         yield json.dumps(last)
         if req.include_usage():
-            usage_chunk = {"id": rid, "object": obj, "created": created, "model": service.model_name,
-                           "choices": [], "usage": _usage(prepared, len(done.seq.output_ids))}
+            usage_chunk = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": service.model_name,
+                "choices": [],
+                "usage": _usage(prepared, len(done.seq.output_ids)),
+            }
             yield json.dumps(usage_chunk)
     yield "[DONE]"
-
-

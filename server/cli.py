@@ -44,8 +44,9 @@ def serve(args: argparse.Namespace) -> int:
     from server.serving import Service
 
     try:
-        loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype,
-                            revision_token=settings.revision_token)
+        loaded = load_model(
+            settings.model, device=settings.device, dtype=settings.dtype, revision_token=settings.revision_token
+        )
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         return 2

@@ -68,6 +68,7 @@ class CompletionRequest(_Request):
         return self.prompt[0]
 
 
-def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

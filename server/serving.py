@@ -20,6 +20,7 @@ from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
 from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence
 from server.errors import ApiError, bad_request
+from server.metrics import Metrics
 from server.models import LoadedModel
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -68,6 +69,9 @@ class Service:
         self._ids = itertools.count()
         self.in_flight = 0
         self.ready = False
+        self.metrics = Metrics()
+        scheduler = self.engine.scheduler
+        self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
 
     def start(self) -> None:
         self.backends.warm_up()  # tokenizer tables are built once, at start, not on a first request
@@ -102,14 +106,19 @@ class Service:
         if not self.ready:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
         if req.model is not None and req.model not in (self.model_name, "default"):
-            raise ApiError(404, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         limit = self.engine.max_len
         if len(prompt_ids) >= limit:
             raise bad_request(
                 f"the prompt is {len(prompt_ids)} tokens; this model's context is {limit} tokens "
                 "(prompt + at least one generated token)",
-                param=prompt_param, code="context_length_exceeded",
+                param=prompt_param,
+                code="context_length_exceeded",
             )
         try:
             constraint = parse_constraint(req.response_format, req.structured_outputs)
@@ -120,7 +129,9 @@ class Service:
             raise bad_request(str(exc), param="structured_outputs.backend") from exc
         params = self._sampling_params(req, len(prompt_ids))
         compiled = await self._compile(constraint) if constraint.spec is not None else None
-        return Prepared(f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received)
+        return Prepared(
+            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
+        )
 
     def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
         requested = req.max_completion_tokens or req.max_tokens or self.settings.default_max_tokens
@@ -152,23 +163,34 @@ class Service:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._compile_pool, self.grammars.compile, constraint.spec, constraint.backend)
         try:
-            return await asyncio.wait_for(future, timeout=self.settings.compile_timeout_s)
+            result = await asyncio.wait_for(future, timeout=self.settings.compile_timeout_s)
         except TimeoutError as exc:
             raise bad_request(
                 f"compiling the {constraint.spec.kind} constraint took longer than "
                 f"{self.settings.compile_timeout_s:g} s; simplify it",
-                param=constraint.source, code="grammar_compile_timeout",
+                param=constraint.source,
+                code="grammar_compile_timeout",
             ) from exc
         except GrammarRejected as exc:
-            raise bad_request(str(exc), param=constraint.source,
-                              code="unsupported_schema" if exc.unsupported else "invalid_grammar") from exc
+            raise bad_request(
+                str(exc), param=constraint.source, code="unsupported_schema" if exc.unsupported else "invalid_grammar"
+            ) from exc
+        self.metrics.cache.labels("hit" if result.cache_hit else "miss").inc()
+        if not result.cache_hit:
+            self.metrics.compile.labels(result.backend).observe(result.compile_ms / 1000)
+        return result
 
     # -- running -----------------------------------------------------------------------------------
     async def stream(self, prepared: Prepared) -> AsyncIterator[SeqOutput]:
         """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
         if self.in_flight >= self.settings.max_queue:
-            raise ApiError(429, f"the server is at its limit of {self.settings.max_queue} requests; retry later",
-                           type_="rate_limit_error", code="queue_full")
+            self.metrics.rejected.labels("429").inc()
+            raise ApiError(
+                429,
+                f"the server is at its limit of {self.settings.max_queue} requests; retry later",
+                type_="rate_limit_error",
+                code="queue_full",
+            )
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
 
@@ -198,8 +220,9 @@ class Service:
                     return
         finally:
             self.in_flight -= 1
-            if not finished:
+            if not finished:  # the consumer went away (client disconnect): free the slot now
                 self.loop.abort(seq.request_id)
+                self.metrics.requests.labels("abort").inc()
 
     async def run(self, prepared: Prepared) -> Finished:
         async for out in self.stream(prepared):
@@ -211,7 +234,29 @@ class Service:
         seq = out.seq
         spec = prepared.constraint.spec
         check = self.check_output(spec, seq.text, out.finish_reason) if spec is not None else None
-        return Finished(seq.text, out.finish_reason or "stop", seq, check)
+        done = Finished(seq.text, out.finish_reason or "stop", seq, check)
+        self._observe(done)
+        return done
+
+    def _observe(self, done: Finished) -> None:
+        m, stats, seq = self.metrics, done.seq.stats, done.seq
+        m.requests.labels(done.finish_reason).inc()
+        if done.check is not None and not done.check.valid:
+            m.failures.labels(_failure_class(seq)).inc()
+        if stats.first_token is not None:
+            m.ttft.observe(stats.first_token - stats.arrival)
+        if stats.scheduled is not None:
+            m.queue.observe(stats.scheduled - stats.arrival)
+        if stats.finished is not None:
+            m.e2e.observe(stats.finished - stats.arrival)
+        for before, after in itertools.pairwise(stats.token_times):
+            m.itl.observe(after - before)
+        if seq.backend is not None:
+            mask = m.mask.labels(seq.backend.name)
+            for us in stats.mask_us:
+                mask.observe(us / 1e6)
+        m.forced.inc(stats.forced_tokens)
+        m.generated.inc(len(seq.output_ids))
 
     @staticmethod
     def check_output(spec: GrammarSpec, text: str, finish_reason: str | None) -> OutputCheck:

@@ -18,7 +18,9 @@ class Settings(BaseSettings):
     port: int = 8000
     device: Literal["cpu", "cuda"] | None = Field(None, description="default: cuda if available, else cpu")
     dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
-    revision_token: str | None = Field(None, description="token text of the revision token (default: <|revise|> if present)")
+    revision_token: str | None = Field(
+        None, description="token text of the revision token (default: <|revise|> if present)"
+    )
     max_batch: int = Field(16, ge=1, description="sequences decoded together per step")
     max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per sequence")
     max_queue: int = Field(256, ge=1, description="requests waiting or running before 429")

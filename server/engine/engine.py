@@ -16,7 +16,7 @@ from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_b
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
-from server.engine.sequence import SeqOutput, Sequence, SeqStatus
+from server.engine.sequence import SeqOutput, SeqStatus, Sequence
 from server.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ class Engine:
         now = time.perf_counter()
         seq.stats.first_token = seq.stats.first_token or now
         seq.stats.last_token = now
+        seq.stats.token_times.append(now)
         if token in self.stop_ids and (seq.matcher is not None or not seq.params.ignore_eos):
             self._finish(seq, "stop")
             return
@@ -157,9 +158,7 @@ class Engine:
             return
         if matcher is not None and matcher.is_terminated():
             self._finish(seq, "stop")
-        elif len(seq.output_ids) >= seq.params.max_tokens:
-            self._finish(seq, "length")
-        elif seq.num_cached + len(seq.pending) >= self.max_len:
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_cached + len(seq.pending) >= self.max_len:
             self._finish(seq, "length")
 
     def _emit_text(self, seq: Sequence) -> bool:

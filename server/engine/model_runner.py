@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,8 +26,8 @@ class ModelRunner:
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
-        config = loaded.model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        config: Any = loaded.model.config
+        text_config: Any = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = int(text_config.num_attention_heads)
         head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // heads)
         self.max_len = max_len
@@ -74,7 +75,8 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=1,
         )
-        return output.logits[:, -1, :].float()
+        logits: torch.Tensor = output.logits[:, -1, :].float()
+        return logits
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from server.engine.sequence import Sequence, SeqStatus
+from server.engine.sequence import SeqStatus, Sequence
 
 
 class Scheduler:

@@ -26,6 +26,7 @@ class SeqStats:
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per step that produced tokens
     mask_us: list[float] = field(default_factory=list)
     forward_ms: list[float] = field(default_factory=list)
     forced_tokens: int = 0

@@ -1,0 +1,63 @@
+"""Prometheus metrics, all under the `corral_` prefix (documented in docs/metrics.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_MASK_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+
+
+class Metrics:
+    """One registry per app, so several servers in one process (tests) never collide."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "corral_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "corral_inter_token_latency_seconds",
+            "Gap between consecutive decode steps of a request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "corral_request_latency_seconds", "Arrival to last token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue = Histogram(
+            "corral_request_queue_seconds", "Arrival to first scheduled step", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.compile = Histogram(
+            "corral_grammar_compile_seconds",
+            "Grammar compile time (cache misses)",
+            ["backend"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.cache = Counter("corral_grammar_cache_total", "Grammar cache lookups", ["result"], registry=r)
+        self.mask = Histogram(
+            "corral_mask_fill_seconds", "Per-row token-mask fill time", ["backend"], buckets=_MASK_BUCKETS, registry=r
+        )
+        self.forced = Counter(
+            "corral_forced_tokens_total", "Tokens appended by jump-forward without sampling", registry=r
+        )
+        self.generated = Counter("corral_generated_tokens_total", "Output tokens (sampled and forced)", registry=r)
+        self.requests = Counter("corral_requests_total", "Finished requests", ["finish_reason"], registry=r)
+        self.failures = Counter(
+            "corral_failures_total", "Requests that ended without a valid answer, by class", ["failure"], registry=r
+        )
+        self.rejected = Counter(
+            "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
+        )
+        self.running = Gauge("corral_running_requests", "Sequences in the running batch", registry=r)
+        self.waiting = Gauge("corral_waiting_requests", "Sequences waiting for a batch slot", registry=r)
+
+    def bind_gauges(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        self.running.set_function(running)
+        self.waiting.set_function(waiting)
