@@ -22,7 +22,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 # Bump when anything below changes the produced files, so old caches are ignored rather than reused.
-VERSION = "v1"
+VERSION = "v2"
 MODEL_DIRNAME = f"default-model-{VERSION}"
 _MARKER = "corral-default-model.json"
 
@@ -36,7 +36,8 @@ REVISE = "<|revise|>"
 CHAT_TEMPLATE = (
     "{{- '<|begin_of_text|>' -}}"
     "{%- for message in messages -%}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' -}}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' -}}"
+    "{{- message['content'] + '<|eot_id|>' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
@@ -45,19 +46,32 @@ CHAT_TEMPLATE = (
 
 # Logit preference tiers (added to a random part of std ~1). After the final RMSNorm, hidden dim 0 is
 # ~sqrt(HIDDEN), so lm_head column 0 = bias / sqrt(HIDDEN) turns it into a per-token logit bias.
-BIAS_END = 16.0  # <|eot_id|>, <|end_of_text|>: stop as soon as the grammar allows
-BIAS_CLOSER = 10.0  # '"', '}', ']': close strings/containers before anything else
-BIAS_PUNCT = 7.0  # other single-char punctuation and space (',', ':', '.', '@', '-', '_', ' ', ...)
+BIAS_EOT = 20.0  # <|eot_id|>: stop as soon as the grammar allows; the greedy unconstrained top token
+BIAS_END_OF_TEXT = 17.0  # <|end_of_text|>: also a stop token, ranked just below <|eot_id|>
+# Each character that *ends* a part must outrank the characters that may repeat inside that part,
+# or greedy decoding repeats the filler forever (checked against xgrammar JSON-schema grammars).
+BIAS_QUOTE = 14.0  # '"': ends any string the moment the grammar allows
+BIAS_AT = 13.0  # '@': ends an email local part / URI userinfo (which may contain '}', ':', '.', ...)
+BIAS_COLON = 12.0  # ':': ends a URI scheme (which may contain '.', '-', '+')
+BIAS_CLOSER = 11.0  # '}', ']': close containers rather than add members
+BIAS_SEPARATOR = 9.0  # ',', '.'
+BIAS_PUNCT = 7.0  # other single-char punctuation ('-', '_', '/', ...): short pattern/format filler
 BIAS_LITERAL = 5.0  # single digits, true/false/null: short values
+BIAS_WHITESPACE = -4.0  # whitespace-only tokens: JSON grammars allow unbounded whitespace between tokens
 BIAS_SPECIAL = -30.0  # <|revise|> and every other special/reserved token: never sampled spontaneously
 # Openers and escapes stay in the random tier: preferring them would nest or escape without end.
 _NOT_PREFERRED = set("{[(\\")
-_CLOSERS = ('"', "}", "]")
+_SEPARATORS = (",", ".")
+# Byte-level BPE spells bytes 9-13 and 32 (\t \n \v \f \r space) as these characters.
+_WHITESPACE_CHARS = frozenset("ĉĊċČčĠ")
 
 EMBED_DIM0 = 1.0  # the constant component that dominates every token embedding after RMSNorm
 EMBED_STD = 0.02
 LAYER_STD = 0.02
-LM_HEAD_STD = 0.8  # other lm_head columns: gives the random, context-dependent logit part a std ~1
+LM_HEAD_STD = 0.4  # other lm_head columns: gives the random, context-dependent logit part a std ~1
+# Preferred tiers keep only a sliver of randomness (enough to vary *which* punctuation), so noise never
+# reorders tiers; stop and special tokens get none, so their logits are the bias alone.
+TIER_NOISE_SCALE = 0.25
 
 
 def _default_cache_root() -> Path:
@@ -95,6 +109,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     logger.info("Building the default model into %s (one-time, offline)", target)
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}.tmp-", dir=root))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary readable directory
     try:
         _build(tmp)
         try:
@@ -122,7 +137,8 @@ def _llama3_tokenizer_file() -> Path:
 def _build_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(
+    # transformers' stubs are partial; treat its objects as Any at this boundary.
+    tok: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_file=str(_llama3_tokenizer_file()),
         bos_token=BOS,
         eos_token=EOT,
@@ -145,15 +161,20 @@ def _token_bias(tok: Any, vocab_size: int) -> torch.Tensor:
             if idx is not None:
                 bias[idx] = value
 
-    # Byte-level BPE spells printable ASCII as itself, except space, which is 'Ġ'.
-    punct = [c for c in string.punctuation if c not in _NOT_PREFERRED and c not in _CLOSERS]
-    set_tier([*punct, "Ġ"], BIAS_PUNCT)
-    set_tier(list(_CLOSERS), BIAS_CLOSER)
+    # Byte-level BPE spells printable ASCII (other than space) as itself. Later tiers override earlier ones.
+    set_tier([t for t in vocab if t and set(t) <= _WHITESPACE_CHARS], BIAS_WHITESPACE)
+    set_tier([c for c in string.punctuation if c not in _NOT_PREFERRED], BIAS_PUNCT)
+    set_tier(list(_SEPARATORS), BIAS_SEPARATOR)
+    set_tier(["}", "]"], BIAS_CLOSER)
+    set_tier([":"], BIAS_COLON)
+    set_tier(["@"], BIAS_AT)
+    set_tier(['"'], BIAS_QUOTE)
     set_tier([*string.digits, "true", "false", "null"], BIAS_LITERAL)
     for idx, added in tok.added_tokens_decoder.items():
         if added.special:
             bias[idx] = BIAS_SPECIAL
-    set_tier([EOT, END_OF_TEXT], BIAS_END)
+    set_tier([EOT], BIAS_EOT)
+    set_tier([END_OF_TEXT], BIAS_END_OF_TEXT)
     return bias
 
 
@@ -179,9 +200,9 @@ def _build(out_dir: Path) -> None:
         architectures=["LlamaForCausalLM"],
     )
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model: Any = LlamaForCausalLM(config)
     _init_weights(model, _token_bias(tok, vocab_size))
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=bos_id, eos_token_id=[eot_id, eod_id], pad_token_id=eod_id
     )
     model.eval()
@@ -205,6 +226,10 @@ def _init_weights(model: torch.nn.Module, bias: torch.Tensor) -> None:
             param[:, 0] = EMBED_DIM0
         elif name.endswith("lm_head.weight"):
             param.normal_(0.0, LM_HEAD_STD, generator=gen)
+            preferred = bias > 0
+            param[preferred, 1:] *= TIER_NOISE_SCALE
+            param[bias >= BIAS_END_OF_TEXT, 1:] = 0.0
+            param[bias < 0, 1:] = 0.0
             param[:, 0] = bias / HIDDEN**0.5
         elif param.ndim == 1:
             param.fill_(1.0)  # RMSNorm gains (Llama has no biases)

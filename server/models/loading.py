@@ -1,0 +1,252 @@
+"""Load a local Hugging Face causal-LM checkpoint (or the embedded default) for serving, strictly offline."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from server.models.default_model import REVISE, ensure_default_model
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "corral-default"
+FALLBACK_CONTEXT_LENGTH = 2048
+# Tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a real length.
+_MAX_SANE_CONTEXT = 10_000_000
+
+# Used only when a checkpoint ships no chat template: plain "role: content" lines.
+GENERIC_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- message['role'] + ': ' + message['content'] + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
+)
+
+# Conventional end-of-turn markers: chat models often declare only the end-of-document token as eos, and
+# would otherwise run past the end of their turn.
+_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class ModelLoadError(Exception):
+    """A checkpoint could not be loaded; the message is one sentence meant for the user."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast (untyped library)
+    path: Path
+    name: str
+    vocab_size: int
+    stop_token_ids: tuple[int, ...]
+    revision_token_id: int | None
+    context_length: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_model(
+    path: Path | None,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision_token: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its fast tokenizer from a local directory; None loads the embedded default."""
+    torch_device = _resolve_device(device)
+    dtype_arg = _resolve_dtype(dtype, torch_device)
+
+    if path is None:
+        model_dir = ensure_default_model()
+        name = DEFAULT_MODEL_NAME
+    else:
+        model_dir = Path(path).expanduser()
+        name = model_dir.resolve().name if model_dir.exists() else model_dir.name
+    _check_checkpoint_dir(model_dir)
+    config = _load_causal_config(model_dir)
+    tokenizer = _load_tokenizer(model_dir)
+    # Checked before the (slow) weight load so a bad flag fails fast.
+    revision_token_id = _revision_token_id(tokenizer, revision_token)
+
+    from transformers import AutoModelForCausalLM
+
+    model: Any  # transformers' stubs are partial; treat the model as Any at this boundary
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            config=config,
+            dtype=dtype_arg,
+            attn_implementation="sdpa",
+            local_files_only=True,
+        )
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
+    try:
+        model.to(torch_device)
+    except (RuntimeError, AssertionError) as exc:
+        raise ModelLoadError(f"Could not move the model to {torch_device}: {_first_line(exc)}") from exc
+    model.eval()
+
+    vocab_size = int(model.config.get_text_config().vocab_size)
+    if len(tokenizer) > vocab_size:
+        raise ModelLoadError(
+            f"The tokenizer in {model_dir} has {len(tokenizer)} tokens but the model has only {vocab_size} logits."
+        )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=model_dir,
+        name=name,
+        vocab_size=vocab_size,
+        stop_token_ids=_stop_token_ids(model, tokenizer, vocab_size),
+        revision_token_id=revision_token_id,
+        context_length=_context_length(model.config, tokenizer),
+        device=torch_device,
+        dtype=next(model.parameters()).dtype,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"Unknown device {device!r}.") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device {device!r} was requested but CUDA is not available.")
+    return resolved
+
+
+def _resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype | str:
+    if dtype is None:
+        # bfloat16 halves memory and is fast on GPUs; CPUs are slow and less exact in it.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == "auto":
+        return "auto"
+    if dtype not in _DTYPES:
+        choices = ", ".join(["auto", *_DTYPES])
+        raise ModelLoadError(f"Unknown dtype {dtype!r}; choose one of {choices}.")
+    return _DTYPES[dtype]
+
+
+def _check_checkpoint_dir(model_dir: Path) -> None:
+    if not model_dir.exists():
+        raise ModelLoadError(f"Model path {model_dir} does not exist.")
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"Model path {model_dir} is not a directory.")
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir} has no config.json, so it is not a Hugging Face checkpoint.")
+
+
+def _causal_lm_class_names() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return names
+
+
+def _load_causal_config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{model_dir / 'config.json'} is not valid JSON: {_first_line(exc)}") from exc
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{model_dir / 'config.json'} does not hold a JSON object.")
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        model_type = raw.get("model_type", "unknown")
+        raise ModelLoadError(
+            f"{model_dir} has model type {model_type!r}, which this transformers version cannot load."
+        ) from exc
+
+    # A model type with a causal head (e.g. "bert" -> BertLMHeadModel) is not enough: a checkpoint saved as
+    # a bare encoder would load with a freshly random LM head. Trust the saved architecture when present.
+    architectures = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    if architectures:
+        causal = _causal_lm_class_names()
+        if not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+            raise ModelLoadError(f"{model_dir} is a {architectures[0]} checkpoint, not a causal language model.")
+    elif config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(f"{model_dir} is a {config.model_type!r} checkpoint, not a causal language model.")
+    return config
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, use_fast=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{model_dir} has no loadable fast tokenizer: {_first_line(exc)}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{model_dir} has no fast (tokenizer.json) tokenizer, which grammars need.")
+    if not getattr(tokenizer, "chat_template", None):
+        logger.warning("%s has no chat template; using a generic 'role: content' template", model_dir)
+        tokenizer.chat_template = GENERIC_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _as_id_list(value: object) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, int)]
+    return []
+
+
+def _stop_token_ids(model: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
+    candidates: list[int] = []
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        candidates += _as_id_list(generation_config.eos_token_id)
+    candidates += _as_id_list(getattr(model.config.get_text_config(), "eos_token_id", None))
+    candidates += _as_id_list(tokenizer.eos_token_id)
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    candidates += [vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab]
+    # dict.fromkeys: dedupe, keep first-seen order.
+    return tuple(i for i in dict.fromkeys(candidates) if 0 <= i < vocab_size)
+
+
+def _revision_token_id(tokenizer: Any, revision_token: str | None) -> int | None:
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    if revision_token is not None:
+        if revision_token not in vocab:
+            raise ModelLoadError(f"Revision token {revision_token!r} is not in the tokenizer's vocabulary.")
+        return vocab[revision_token]
+    return vocab.get(REVISE)
+
+
+def _context_length(config: Any, tokenizer: Any) -> int:
+    text_config = config.get_text_config()
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(text_config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < _MAX_SANE_CONTEXT:
+        return value
+    return FALLBACK_CONTEXT_LENGTH
