@@ -69,5 +69,10 @@ def route(spec: GrammarSpec, available: list[str]) -> list[str]:
         # bounded string admits raw control characters (invalid JSON). llguidance lexes them exactly.
         if features & {"maxLength", "minLength"}:
             preferred = ["llguidance", "xgrammar"]
+        # xgrammar 0.2.8 warns "allOf with multiple options is still ongoing" and, on
+        # Github_trivial/o44455 (root `type: object` + `allOf`), emitted a bare JSON string; it also
+        # relaxes oneOf to anyOf. llguidance enforces both.
+        if features & {"allOf", "oneOf"}:
+            preferred = ["llguidance", "xgrammar"]
     ordered = [name for name in preferred if name in available]
     return ordered + [name for name in available if name not in ordered]

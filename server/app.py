@@ -126,7 +126,7 @@ def _final_body(
         "model": service.model_name,
         "choices": [choice],
         "usage": _usage(prepared, len(done.seq.output_ids)),
-        **service.extras(prepared, done.seq, done.check),
+        **service.extras(done),
     }
 
 
@@ -155,7 +155,7 @@ async def _stream(
             continue
         done = service.finish(prepared, out)
         last = chunk(out.delta or None, done.finish_reason)
-        last.update(service.extras(prepared, done.seq, done.check))
+        last.update(service.extras(done))
         yield json.dumps(last)
         if req.include_usage():
             usage_chunk = {

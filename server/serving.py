@@ -9,10 +9,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from grammars.request import ConstraintRequest, parse_constraint
+from grammars.features import route
+from grammars.request import AUTO, ConstraintRequest, parse_constraint
 from grammars.spec import GrammarSpec
 from grammars.validation import InvalidConstraint, OutputCheck, validate_output
 from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
@@ -26,6 +27,8 @@ from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
+
+INVALID_OUTPUT = "invalid_output"
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Finished:
     finish_reason: str
     seq: Sequence
     check: OutputCheck | None
+    prepared: Prepared
+    fallback_from: str | None = None  # the backend whose answer failed post-validation (auto only)
 
 
 class Service:
@@ -161,9 +166,18 @@ class Service:
     async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
         assert constraint.spec is not None
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._compile_pool, self.grammars.compile, constraint.spec, constraint.backend)
+        started = asyncio.Event()
+        spec, backend = constraint.spec, constraint.backend
+
+        def work() -> CompileResult:
+            loop.call_soon_threadsafe(started.set)
+            return self.grammars.compile(spec, backend)
+
+        future = loop.run_in_executor(self._compile_pool, work)
         try:
-            result = await asyncio.wait_for(future, timeout=self.settings.compile_timeout_s)
+            # The deadline covers compiling, not waiting for a free compile worker.
+            await started.wait()
+            result = await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.compile_timeout_s)
         except TimeoutError as exc:
             raise bad_request(
                 f"compiling the {constraint.spec.kind} constraint took longer than "
@@ -225,16 +239,46 @@ class Service:
                 self.metrics.requests.labels("abort").inc()
 
     async def run(self, prepared: Prepared) -> Finished:
+        """Generate to the end. With `auto`, an answer that fails the full-contract check is generated
+        once more with the next backend that compiles the spec, so an engine's enforcement gap does
+        not reach the caller; what still fails ends as `invalid_output`, never as `stop`."""
+        done = await self._run_once(prepared)
+        if done.finish_reason == INVALID_OUTPUT and prepared.constraint.backend == AUTO and prepared.compiled:
+            retry = await self._fallback(prepared)
+            if retry is not None:
+                first_backend = prepared.compiled.backend
+                done = await self._run_once(retry)
+                done.fallback_from = first_backend
+        return done
+
+    async def _run_once(self, prepared: Prepared) -> Finished:
         async for out in self.stream(prepared):
             if out.finished:
                 return self.finish(prepared, out)
         raise RuntimeError("engine stream ended without a final output")
 
+    async def _fallback(self, prepared: Prepared) -> Prepared | None:
+        spec, used = prepared.constraint.spec, prepared.compiled
+        assert spec is not None and used is not None
+        for name in route(spec, self.backends.enabled):
+            if name == used.backend:
+                continue
+            try:
+                compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
+            except ApiError:
+                continue
+            log.info("answer from %s failed validation; regenerating with %s", used.backend, name)
+            return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
+        return None
+
     def finish(self, prepared: Prepared, out: SeqOutput) -> Finished:
         seq = out.seq
         spec = prepared.constraint.spec
         check = self.check_output(spec, seq.text, out.finish_reason) if spec is not None else None
-        done = Finished(seq.text, out.finish_reason or "stop", seq, check)
+        reason = out.finish_reason or "stop"
+        if reason == "stop" and check is not None and not check.valid:
+            reason = INVALID_OUTPUT  # the grammar finished but the full contract does not hold
+        done = Finished(seq.text, reason, seq, check, prepared)
         self._observe(done)
         return done
 
@@ -265,7 +309,8 @@ class Service:
         return validate_output(spec, text)
 
     # -- response extras ---------------------------------------------------------------------------
-    def extras(self, prepared: Prepared, seq: Sequence, check: OutputCheck | None) -> dict[str, Any]:
+    def extras(self, done: Finished) -> dict[str, Any]:
+        prepared, seq, check = done.prepared, done.seq, done.check
         stats = seq.stats
         compiled = prepared.compiled
         end = stats.finished or time.perf_counter()
@@ -297,6 +342,7 @@ class Service:
                 "forced_tokens": stats.forced_tokens,
                 "revisions": 0,
                 "failure": None if (check and check.valid) else _failure_class(seq),
+                "fallback_from": done.fallback_from,
             }
         return {"timings": timings, "grammar": grammar}
 

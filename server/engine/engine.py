@@ -59,6 +59,7 @@ class Engine:
         return self.scheduler.has_work() or not self._inbox.empty()
 
     # -- the loop ----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> None:
         self._drain_inbox()
         batch = self.scheduler.schedule()
