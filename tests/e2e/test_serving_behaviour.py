@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,7 +117,7 @@ def test_metrics_expose_documented_names_and_move(server: RunningServer, client:
         extra_body={"structured_outputs": {"json": schema, "backend": "llguidance"}},
     )
     after = httpx.get(f"{server.base_url}/metrics").text
-    documented = open(server_docs()).read()
+    documented = Path(server_docs()).read_text()
     for name in DOCUMENTED:
         assert f"# HELP {name}" in after, name
         assert name in documented, f"{name} missing from docs/metrics.md"
