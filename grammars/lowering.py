@@ -21,7 +21,9 @@ def choice_to_ebnf(options: list[str]) -> str:
 
 def detect_grammar_kind(text: str) -> GrammarKind:
     """GBNF/EBNF uses `::=`; Lark uses `name: body`. Used when the caller does not say which."""
-    return GrammarKind.EBNF if "::=" in text else GrammarKind.LARK
+    # Look at rule heads only: `::=` inside a quoted Lark terminal must not flip the verdict.
+    heads = (line.split('"')[0].split("'")[0] for line in text.splitlines())
+    return GrammarKind.EBNF if any("::=" in head for head in heads) else GrammarKind.LARK
 
 
 def describe(spec: GrammarSpec) -> str:

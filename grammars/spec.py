@@ -19,8 +19,9 @@ class GrammarKind(StrEnum):
 
 
 def canonical_json(value: Any) -> str:
-    """Key-sorted, compact JSON: two requests with the same schema share one cache entry."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON. Key order is kept, not sorted: engines emit properties in declared order, and
+    callers rely on it (e.g. reasoning fields before the answer)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,12 @@ class GrammarCache:
         if cached is None:
             assert future is not None  # set above whenever there was no cached entry
             if owner:
-                cached = self._compile_uncached(spec, backend)
+                try:
+                    cached = self._compile_uncached(spec, backend)
+                except Exception as exc:  # an engine bug must not leave waiters on this key hanging
+                    log.exception("backend crashed compiling %s", spec.key)
+                    cached = GrammarRejected(f"the grammar engine failed on this {describe(spec)}: {exc}",
+                                             tried=[backend], unsupported=False)
                 with self._lock:
                     self._entries[key] = cached
                     while len(self._entries) > self.capacity:

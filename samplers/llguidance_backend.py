@@ -110,7 +110,7 @@ class LLGuidanceBackend:
                 return str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source)))
             if spec.kind is GrammarKind.CHOICE:
                 return str(llguidance.LLMatcher.grammar_from_lark(choice_to_lark(spec.choices())))
-        except (ValueError, KeyError, IndexError) as exc:
+        except Exception as exc:  # gbnf_to_lark raises its own and plain Exceptions on bad EBNF
             raise CompileError(f"llguidance could not read the {spec.kind}: {exc}", backend=NAME) from exc
         raise CompileError(f"llguidance cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import xgrammar
 
+from grammars.features import schema_features
 from grammars.lowering import choice_to_ebnf
 from grammars.spec import GrammarKind, GrammarSpec
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
@@ -18,6 +19,11 @@ from samplers.protocol import CompileError, Matcher, TokenizerSpec
 log = logging.getLogger(__name__)
 
 NAME = "xgrammar"
+# Keywords xgrammar 0.2.8 compiles without enforcing (seen: `contains` gave `[]`, `not` gave a string);
+# refusing them lets `auto` try another backend or say clearly that none can enforce the schema.
+IGNORED_KEYWORDS = frozenset(
+    {"contains", "not", "if", "then", "else", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems"}
+)
 BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth its hand-off
 
 
@@ -95,6 +101,11 @@ class XGrammarBackend:
         self._batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
 
     def supports(self, spec: GrammarSpec) -> str | None:
+        if spec.kind is not GrammarKind.JSON_SCHEMA:
+            return None
+        ignored = sorted(schema_features(spec.schema()) & IGNORED_KEYWORDS)
+        if ignored:
+            return f"xgrammar 0.2.8 does not enforce {', '.join(ignored)}"
         return None
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
