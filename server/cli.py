@@ -61,12 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="corral", description="Constrained-decoding inference server.")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    try:
-        from benchmarks.cli import add_bench_parser
-    except ImportError:  # benchmarks are optional at run time
-        add_bench_parser = None
-    if add_bench_parser is not None:
-        add_bench_parser(sub)
+    from benchmarks.cli import add_bench_parser
+
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)

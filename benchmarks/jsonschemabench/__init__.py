@@ -1,0 +1,1 @@
+"""JSONSchemaBench / MaskBench for corral's grammar backends: coverage, correctness and mask cost."""
