@@ -75,8 +75,9 @@ class GrammarCache:
                     cached = self._compile_uncached(spec, backend)
                 except Exception as exc:  # an engine bug must not leave waiters on this key hanging
                     log.exception("backend crashed compiling %s", spec.key)
-                    cached = GrammarRejected(f"the grammar engine failed on this {describe(spec)}: {exc}",
-                                             tried=[backend], unsupported=False)
+                    cached = GrammarRejected(
+                        f"the grammar engine failed on this {describe(spec)}: {exc}", tried=[backend], unsupported=False
+                    )
                 with self._lock:
                     self._entries[key] = cached
                     while len(self._entries) > self.capacity:

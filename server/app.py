@@ -15,11 +15,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
+from samplers.watchdog import Trip
 from server.errors import ApiError
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
 
 log = logging.getLogger(__name__)
+
+HUNG = str(Trip.HUNG_STEP)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -52,7 +55,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not service.ready or not service.loop.alive:
+        if not service.ready or not service.healthy or not service.loop.alive:
             return JSONResponse({"status": "unavailable"}, 503)
         return JSONResponse(
             {
@@ -103,6 +106,8 @@ async def _respond(
     if req.stream:
         return EventSourceResponse(_stream(service, req, prepared, response_id, created, chat), ping=15)
     done = await service.run(prepared)
+    if done.finish_reason == HUNG:
+        raise ApiError(503, done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
     return JSONResponse(_final_body(service, prepared, done, response_id, created, chat))
 
 
@@ -154,6 +159,9 @@ async def _stream(
                 yield json.dumps(chunk(out.delta, None))
             continue
         done = service.finish(prepared, out)
+        if done.finish_reason == HUNG:
+            yield json.dumps(error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung"))
+            return
         last = chunk(out.delta or None, done.finish_reason)
         last.update(service.extras(done))
         yield json.dumps(last)

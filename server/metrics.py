@@ -55,6 +55,9 @@ class Metrics:
         self.rejected = Counter(
             "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
         )
+        self.trips = Counter(
+            "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r
+        )
         self.running = Gauge("corral_running_requests", "Sequences in the running batch", registry=r)
         self.waiting = Gauge("corral_waiting_requests", "Sequences waiting for a batch slot", registry=r)
 

@@ -25,6 +25,7 @@ class _Request(BaseModel):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     ignore_eos: bool = False
+    max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
     user: str | None = None
 
     def stop_list(self) -> tuple[str, ...]:

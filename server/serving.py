@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +21,7 @@ from grammars.validation import InvalidConstraint, OutputCheck, validate_output
 from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
+from samplers.watchdog import Trip, WatchdogLimits
 from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence
 from server.errors import ApiError, bad_request
 from server.metrics import Metrics
@@ -67,6 +70,14 @@ class Service:
                 max_batch=settings.max_batch,
                 max_model_len=settings.max_model_len,
                 jump_forward=settings.jump_forward,
+                revision_token_id=loaded.revision_token_id,
+                max_revisions=settings.max_revisions,
+                limits=WatchdogLimits(
+                    whitespace_run=settings.stall_whitespace_tokens,
+                    repeat_window=settings.stall_repeat_tokens,
+                    mask_budget_ms=settings.mask_budget_ms,
+                    mask_overruns=settings.mask_overruns,
+                ),
             ),
         )
         self.loop = EngineLoop(self.engine)
@@ -75,18 +86,44 @@ class Service:
         self.in_flight = 0
         self.ready = False
         self.metrics = Metrics()
+        self.engine.on_trip = lambda kind: self.metrics.trips.labels(kind).inc()
+        self.healthy = True
+        self.exit_process: Callable[[int], None] = os._exit  # replaced in tests
+        self._watchdog = threading.Thread(target=self._watch_steps, name="corral-step-watchdog", daemon=True)
+        self._stopping = threading.Event()
         scheduler = self.engine.scheduler
         self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
 
     def start(self) -> None:
         self.backends.warm_up()  # tokenizer tables are built once, at start, not on a first request
         self.loop.start()
+        self._watchdog.start()
         self.ready = True
 
     def stop(self) -> None:
         self.ready = False
+        self._stopping.set()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _watch_steps(self) -> None:
+        """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
+        the model or an engine), so corral fails every in-flight request with an error response,
+        reports unhealthy, and exits so a supervisor (docker `restart:`, systemd, k8s) restarts it."""
+        deadline = self.settings.hung_step_timeout_s
+        while not self._stopping.wait(min(0.25, deadline / 4)):
+            started = self.loop.step_started
+            if started is None or time.monotonic() - started <= deadline:
+                continue
+            log.error("engine step has run for more than %.1f s: failing in-flight requests", deadline)
+            self.healthy = False
+            self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc()
+            self.engine.fail_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
+            if self.settings.exit_on_hung_step:
+                time.sleep(1.0)  # let the error responses reach their clients
+                log.error("exiting with status 70 so a supervisor restarts the server")
+                self.exit_process(70)
+            return
 
     # -- request preparation -----------------------------------------------------------------------
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
@@ -108,7 +145,7 @@ class Service:
 
     async def prepare(self, req: _Request, prompt_ids: list[int], *, prompt_param: str) -> Prepared:
         received = time.perf_counter()
-        if not self.ready:
+        if not self.ready or not self.healthy:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
         if req.model is not None and req.model not in (self.model_name, "default"):
             raise ApiError(
@@ -161,6 +198,7 @@ class Service:
             stop=req.stop_list(),
             logit_bias=bias,
             ignore_eos=req.ignore_eos,
+            max_revisions=req.max_revisions,
         )
 
     async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
@@ -340,7 +378,8 @@ class Service:
                 "valid": check.valid if check else None,
                 "validation_error": check.error if check else None,
                 "forced_tokens": stats.forced_tokens,
-                "revisions": 0,
+                "revisions": seq.revision.revisions,
+                "watchdog": seq.trip,
                 "failure": None if (check and check.valid) else _failure_class(seq),
                 "fallback_from": done.fallback_from,
             }
@@ -348,6 +387,8 @@ class Service:
 
 
 def _failure_class(seq: Sequence) -> str:
+    if seq.trip is not None:
+        return seq.trip
     if seq.finish_reason == "length":
         return "length"
     if seq.finish_reason == "error":

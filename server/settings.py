@@ -28,6 +28,19 @@ class Settings(BaseSettings):
     compile_timeout_s: float = Field(10.0, gt=0, description="grammar compile deadline")
     compile_workers: int = Field(2, ge=1, description="threads compiling grammars")
     jump_forward: bool = Field(True, description="append grammar-forced tokens without sampling")
+    max_revisions: int = Field(4, ge=0, description="revisions (revision token + dead-end backtracking) per request")
+    stall_whitespace_tokens: int = Field(
+        64, ge=0, description="whitespace-only tokens in a row that end a request; 0: off"
+    )
+    stall_repeat_tokens: int = Field(64, ge=0, description="tokens repeating a short cycle that end a request; 0: off")
+    mask_budget_ms: float = Field(50.0, gt=0, description="per-row mask fill budget per step")
+    mask_overruns: int = Field(8, ge=0, description="mask budget overruns tolerated per request")
+    hung_step_timeout_s: float = Field(
+        60.0, gt=0, description="one engine step longer than this marks the server unhealthy"
+    )
+    exit_on_hung_step: bool = Field(
+        True, description="exit (for a supervisor to restart) after failing in-flight requests of a hung step"
+    )
     backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
     log_level: str = "info"
 

@@ -6,17 +6,19 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
+from samplers.revision import RevisionTracker
+from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
-from server.engine.sequence import SeqOutput, SeqStatus, Sequence
+from server.engine.sequence import SeqOutput, Sequence
 from server.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,9 @@ class EngineConfig:
     max_batch: int = 16
     max_model_len: int = 4096
     jump_forward: bool = True
+    revision_token_id: int | None = None  # None: revision by token is off (backtracking still works)
+    max_revisions: int = 4
+    limits: WatchdogLimits = field(default_factory=WatchdogLimits)
 
 
 class Engine:
@@ -41,12 +46,15 @@ class Engine:
         self.scheduler = Scheduler(config.max_batch)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = frozenset(loaded.stop_token_ids)
+        self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
         self._bitmask = allocate_bitmask(config.max_batch, loaded.vocab_size)
         # Masks are filled on this worker while the forward runs on the engine thread; both the
         # engines' fill calls and torch's kernels release the GIL, so the two really overlap.
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
         self._ban_stop = torch.tensor(sorted(self.stop_ids), device=loaded.device)
+        self._whitespace: dict[int, bool] = {}
+        self.on_trip: Callable[[str], None] = lambda kind: None
 
     # -- API used from other threads ---------------------------------------------------------------
     def add_request(self, seq: Sequence) -> None:
@@ -75,10 +83,14 @@ class Engine:
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
-        self._apply_masks(logits, batch, masks)
-        tokens = sample_rows(logits, [s.params for s in batch], [s.generator for s in batch])
-        for seq, token in zip(batch, tokens, strict=True):
-            self._advance(seq, token)
+        live = self._apply_masks(logits, batch, masks)
+        tokens = sample_rows(logits[live], [batch[i].params for i in live], [batch[i].generator for i in live])
+        for row, token in zip(live, tokens, strict=True):
+            seq = batch[row]
+            if token == self.revise_id:
+                self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
+            else:
+                self._advance(seq, token)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -87,13 +99,23 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "add" and isinstance(item, Sequence):
-                item.generator = make_generator(item.params, self.loaded.device)
-                self.scheduler.add(item)
+                self._admit(item)
             elif kind == "abort" and isinstance(item, str):
                 seq = self.scheduler.find(item)
                 if seq is not None:
                     self._finish(seq, "abort")
 
+    def _admit(self, seq: Sequence) -> None:
+        p = seq.params
+        seq.generator = make_generator(p, self.loaded.device)
+        depth = self.config.max_revisions if p.max_revisions is None else p.max_revisions
+        seq.revision = RevisionTracker(depth)
+        seq.mask_budget = MaskBudget(self.config.limits)
+        # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
+        seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self._is_whitespace)
+        self.scheduler.add(seq)
+
+    # -- masks ---------------------------------------------------------------------------------------
     def _start_masks(self, batch: list[Sequence]) -> Future[dict[int, float]] | None:
         groups: dict[int, tuple[SamplerBackend, list[Matcher], list[int]]] = {}
         for row, seq in enumerate(batch):
@@ -115,18 +137,46 @@ class Engine:
             per_row.update(dict.fromkeys(rows, each))
         return per_row
 
-    def _apply_masks(self, logits: torch.Tensor, batch: list[Sequence], masks: Future[dict[int, float]] | None) -> None:
+    def _apply_masks(
+        self, logits: torch.Tensor, batch: list[Sequence], masks: Future[dict[int, float]] | None
+    ) -> list[int]:
+        """Mask every row; returns the rows that go on to sampling (watchdog trips and dead ends don't)."""
+        live = list(range(len(batch)))
         free_rows = [i for i, s in enumerate(batch) if s.matcher is None and s.params.ignore_eos]
         if free_rows:
             logits[torch.tensor(free_rows)[:, None], self._ban_stop[None, :]] = float("-inf")
-        if masks is None:
-            return
-        per_row = masks.result()
-        rows = sorted(per_row)
-        apply_bitmask(logits, self._bitmask[: len(batch)], rows)
-        for row in rows:
-            batch[row].stats.mask_us.append(per_row[row])
+        if masks is not None:
+            per_row = masks.result()
+            rows = sorted(per_row)
+            dead = set()
+            for row in rows:
+                seq = batch[row]
+                seq.stats.mask_us.append(per_row[row])
+                assert seq.mask_budget is not None
+                if seq.mask_budget.record(per_row[row]):
+                    self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
+                    dead.add(row)
+                elif not bool(self._bitmask[row].any()):
+                    dead.add(row)
+                    self._revise(seq, Trip.DEAD_END)  # backtrack: the grammar allows nothing here
+                elif self.revise_id is not None and seq.revision.can_revise():
+                    _set_bit(self._bitmask, row, self.revise_id)  # revision stays possible under any grammar
+            apply_bitmask(logits, self._bitmask[: len(batch)], rows)
+            live = [i for i in live if i not in dead]
+        for row in live:
+            seq = batch[row]
+            banned = seq.revision.banned_at(len(seq.output_ids))
+            if banned:
+                logits[row, list(banned)] = float("-inf")
+            if self.revise_id is not None and not seq.revision.units:
+                logits[row, self.revise_id] = float("-inf")  # nothing to take back yet
+        # A ban can remove the last allowed token: that is a dead end too.
+        stuck = [i for i in live if batch[i].revision.bans and bool(torch.isinf(logits[i]).all())]
+        for row in stuck:
+            self._revise(batch[row], Trip.DEAD_END)
+        return [i for i in live if i not in stuck]
 
+    # -- tokens ------------------------------------------------------------------------------------
     def _advance(self, seq: Sequence, token: int) -> None:
         """Take the sampled token: end on a stop token, else accept it, append forced tokens, check limits."""
         now = time.perf_counter()
@@ -141,20 +191,21 @@ class Engine:
             seq.error = matcher.error or f"the grammar rejected token {token}"
             self._finish(seq, "error")
             return
-        seq.output_ids.append(token)
-        seq.stats.sampled_tokens += 1
-        seq.pending = [token]
+        appended = [token]
         if matcher is not None and self.config.jump_forward and not matcher.is_terminated():
-            room = seq.params.max_tokens - len(seq.output_ids)
-            forced = [t for t in matcher.forced_tokens()[:room] if t not in self.stop_ids]
-            accepted = 0
-            for t in forced:
-                if not matcher.accept_token(t):
+            room = seq.params.max_tokens - len(seq.output_ids) - 1
+            for forced in matcher.forced_tokens()[:room]:
+                if forced in self.stop_ids or not matcher.accept_token(forced):
                     break
-                accepted += 1
-            seq.output_ids.extend(forced[:accepted])
-            seq.pending.extend(forced[:accepted])
-            seq.stats.forced_tokens += accepted
+                appended.append(forced)
+            seq.stats.forced_tokens += len(appended) - 1
+        seq.output_ids.extend(appended)
+        seq.stats.sampled_tokens += 1
+        seq.pending = appended
+        seq.revision.record(len(appended))
+        if seq.stall is not None and seq.stall.observe(appended, seq.output_ids):
+            self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
+            return
         if self._emit_text(seq):
             return
         if matcher is not None and matcher.is_terminated():
@@ -162,13 +213,38 @@ class Engine:
         elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_cached + len(seq.pending) >= self.max_len:
             self._finish(seq, "length")
 
+    def _revise(self, seq: Sequence, trip_if_unable: Trip) -> None:
+        """Take back the last step (matcher, output, KV) and ban its choice at that position.
+        Used for a sampled revision token and for backtracking out of a dead end."""
+        if not seq.revision.can_revise():
+            if trip_if_unable is Trip.DEAD_END:
+                message = "the grammar allows no token here and no revision could recover"
+            else:
+                message = f"more than {seq.revision.max_revisions} revisions"
+            self._trip(seq, trip_if_unable, message)
+            return
+        seq.revision.revise(seq.output_ids, seq.matcher)
+        # Re-feed the last kept token: its KV position is rewritten with identical values and its
+        # logits are exactly those a fresh prefill of the kept tokens would give.
+        kept_last = seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]
+        seq.num_cached = len(seq.prompt_ids) + len(seq.output_ids) - 1
+        seq.pending = [kept_last]
+        if seq.stall is not None:
+            seq.stall.reset()
+
+    def _is_whitespace(self, token: int) -> bool:
+        cached = self._whitespace.get(token)
+        if cached is None:
+            text = self.tokenizer.decode([token])
+            cached = self._whitespace[token] = bool(text) and not text.strip()
+        return cached
+
     def _emit_text(self, seq: Sequence) -> bool:
-        """Decode, cut at a stop string if one appeared, and hand new text to the sink.
-        Returns True when a stop string finished the sequence."""
+        """Decode, cut at a stop string if one appeared, and hand new, no-longer-retractable text to the
+        sink. Returns True when a stop string finished the sequence."""
         text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         stopped = False
         for stop in seq.params.stop:
-            # Only the fresh tail can hold a new match; earlier text was already checked.
             found = text.find(stop, max(0, seq.emitted - len(stop)))
             if found != -1:
                 text, stopped = text[:found], True
@@ -176,8 +252,13 @@ class Engine:
         if stopped:
             self._finish(seq, "stop")
             return True
-        # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.
-        safe = len(text.rstrip("\ufffd"))
+        stable = seq.revision.stable_tokens(len(seq.output_ids))
+        if stable < len(seq.output_ids):
+            safe = len(self.tokenizer.decode(seq.output_ids[:stable], skip_special_tokens=True).rstrip("\ufffd"))
+        else:
+            safe = len(text.rstrip("\ufffd"))
+        safe = min(safe, len(text))
+        # Hold back a possible stop-string prefix at the end.
         for stop in seq.params.stop:
             for k in range(min(len(stop) - 1, safe), 0, -1):
                 if text[safe - k : safe] == stop[:k]:
@@ -187,6 +268,13 @@ class Engine:
             delta, seq.emitted = text[seq.emitted : safe], safe
             seq.sink(SeqOutput(seq.request_id, delta, False, None, seq))
         return False
+
+    def _trip(self, seq: Sequence, kind: Trip, message: str) -> None:
+        seq.trip = str(kind)
+        seq.error = message
+        self.on_trip(str(kind))
+        seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        self._finish(seq, str(kind))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.is_finished:
@@ -198,14 +286,20 @@ class Engine:
         seq.emitted = len(seq.text)
         seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq))
 
-    def fail_all(self, message: str) -> None:
-        """End every live sequence with an error (the loop hit an unexpected exception)."""
+    def fail_all(self, message: str, reason: str = "error") -> None:
+        """End every live sequence with an error (the loop hit an exception, or a step hung)."""
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             seq.error = message
-            self._finish(seq, "error")
+            self._finish(seq, reason)
 
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _set_bit(bitmask: torch.Tensor, row: int, token: int) -> None:
+    word, bit = divmod(token, 32)
+    value = int(bitmask[row, word].item()) | (1 << bit)
+    bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value  # keep it a valid int32
 
 
 class EngineLoop:
@@ -216,7 +310,7 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="corral-engine", daemon=True)
-        self.last_step_started: float | None = None
+        self.step_started: float | None = None  # monotonic time the current step began, or None
 
     def start(self) -> None:
         self._thread.start()
@@ -245,15 +339,11 @@ class EngineLoop:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            self.last_step_started = time.monotonic()
+            self.step_started = time.monotonic()
             try:
                 self.engine.step()
             except Exception as exc:  # the loop must survive anything one batch does
                 log.exception("engine step failed")
                 self.engine.fail_all(f"internal engine error: {type(exc).__name__}: {exc}")
             finally:
-                self.last_step_started = None
-
-
-def running_sequences(engine: Engine) -> Seq[Sequence]:
-    return [s for s in engine.scheduler.running if s.status is SeqStatus.RUNNING]
+                self.step_started = None

@@ -16,7 +16,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logit_bias: dict[int, float] = field(default_factory=dict)
-    ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens on unconstrained rows
+    ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens; stall detection is off
+    max_revisions: int | None = None  # None: the engine's default depth limit
 
     @property
     def greedy(self) -> bool:

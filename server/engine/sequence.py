@@ -10,6 +10,8 @@ from enum import Enum
 import torch
 
 from samplers.protocol import Matcher, SamplerBackend
+from samplers.revision import RevisionTracker
+from samplers.watchdog import MaskBudget, StallDetector
 from server.engine.sampling import SamplingParams
 
 
@@ -64,6 +66,11 @@ class Sequence:
     text: str = ""  # decoded output so far (after stop-string truncation)
     emitted: int = 0  # characters of `text` already handed to the sink
     stats: SeqStats = field(default_factory=SeqStats)
+    # Set by the engine when the sequence is admitted (they depend on engine-wide settings).
+    revision: RevisionTracker = field(default_factory=lambda: RevisionTracker(0))
+    stall: StallDetector | None = None
+    mask_budget: MaskBudget | None = None
+    trip: str | None = None  # the watchdog kind that ended this sequence, if any
 
     def __post_init__(self) -> None:
         if not self.pending:
