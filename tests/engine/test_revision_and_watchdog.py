@@ -1,0 +1,251 @@
+"""Revision correctness (KV, matcher, output) and the in-loop watchdog, driven through the real Engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from grammars.spec import GrammarSpec
+from samplers.compilation import GrammarCache
+from samplers.protocol import TokenizerSpec, allocate_bitmask
+from samplers.registry import BackendSet
+from samplers.watchdog import Trip, WatchdogLimits
+from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
+from server.engine import Sequence as Seq
+from server.engine.model_runner import ForwardRow, ModelRunner
+from server.models import LoadedModel, load_model
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(None, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def backends(loaded: LoadedModel) -> BackendSet:
+    return BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids))
+
+
+def make_engine(loaded: LoadedModel, **overrides: Any) -> Engine:
+    config = EngineConfig(max_batch=4, max_model_len=512, revision_token_id=loaded.revision_token_id, **overrides)
+    return Engine(loaded, config)
+
+
+def new_seq(loaded: LoadedModel, rid: str, **params: Any) -> tuple[Seq, list[SeqOutput]]:
+    outputs: list[SeqOutput] = []
+    prompt = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"hi {rid}"}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
+        prompt = prompt["input_ids"]
+    seq = Seq(
+        request_id=rid,
+        prompt_ids=[int(t) for t in prompt],
+        params=SamplingParams(**{"temperature": 0.0, **params}),
+        sink=outputs.append,
+    )
+    return seq, outputs
+
+
+def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) -> None:
+    for _ in range(max_steps):
+        if all(s.is_finished for s in seqs):
+            return
+        engine.step()
+    raise AssertionError("sequences did not finish")
+
+
+def fresh_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:
+    runner = ModelRunner(loaded, max_batch=1, max_len=512)
+    with torch.inference_mode():
+        return runner.forward([ForwardRow(0, 0, tokens)])[0]
+
+
+def test_revision_restores_kv_cache_matcher_and_output(loaded: LoadedModel, backends: BackendSet) -> None:
+    engine = make_engine(loaded)
+    cache = GrammarCache(backends)
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+    }
+    compiled = cache.compile(GrammarSpec.json_schema(schema), "llguidance")
+    backend = backends.get("llguidance")
+    seq, _ = new_seq(loaded, "rev", max_tokens=64, temperature=0.0)
+    seq.matcher, seq.backend = backend.new_matcher(compiled.compiled), backend
+    engine.add_request(seq)
+    for _ in range(4):
+        engine.step()
+    assert len(seq.revision.units) >= 3 and not seq.is_finished
+    before = list(seq.output_ids)
+    engine._revise(seq, Trip.DEAD_END)  # the same path a sampled revision token takes
+    kept = list(seq.output_ids)
+    removed = before[len(kept) :]
+    assert removed and before[: len(kept)] == kept
+
+    # Matcher: equal to a fresh matcher fed the kept tokens (same mask).
+    fresh = backend.new_matcher(compiled.compiled)
+    for token in kept:
+        assert fresh.accept_token(token)
+    masks = allocate_bitmask(2, loaded.vocab_size)
+    backend.fill_bitmasks([seq.matcher, fresh], masks, [0, 1])
+    assert torch.equal(masks[0], masks[1])
+
+    # KV cache: the next forward's logits equal a fresh prefill of prompt + kept tokens.
+    captured: list[torch.Tensor] = []
+    original = engine.runner.forward
+
+    def spy(rows: Sequence[ForwardRow]) -> torch.Tensor:
+        out = original(rows)
+        captured.append(out.clone())
+        return out
+
+    engine.runner.forward = spy  # type: ignore[method-assign]
+    engine.step()
+    expected = fresh_logits(loaded, seq.prompt_ids + kept)
+    torch.testing.assert_close(captured[0][0], expected, rtol=1e-4, atol=1e-4)
+    # The retracted choice is banned at its position.
+    assert seq.output_ids[len(kept)] != removed[0]
+    run_until_done(engine, [seq])
+    assert seq.finish_reason == "stop"
+    assert seq.text == loaded.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+
+
+def test_revision_token_depth_limit_and_stream_never_shows_retracted_text(loaded: LoadedModel) -> None:
+    engine = make_engine(loaded)
+    assert loaded.revision_token_id is not None
+    # The model is pushed to emit the revision token whenever one is allowed.
+    seq, outputs = new_seq(
+        loaded,
+        "depth",
+        max_tokens=50,
+        temperature=0.0,
+        max_revisions=3,
+        ignore_eos=True,
+        logit_bias={loaded.revision_token_id: 100.0},
+    )
+    engine.add_request(seq)
+    run_until_done(engine, [seq])
+    assert seq.finish_reason == str(Trip.REVISION_DEPTH_EXCEEDED)
+    assert seq.revision.revisions == 3
+    streamed = "".join(o.delta for o in outputs)
+    assert streamed == seq.text  # append-only stream: nothing shown was later taken back
+    assert len(seq.output_ids) == 1  # three tokens were taken back, the fourth is kept
+    banned = seq.revision.banned_at(0)
+    assert len(banned) == 3 and seq.output_ids[0] not in banned
+
+
+class _DeadEndMatcher:
+    """Allows tokens A or B at positions 0-1 and C at position 2 — except after A at position 1, where it
+    allows nothing (a dead end only backtracking can escape). Complete after three tokens."""
+
+    def __init__(self, a: int, b: int, c: int) -> None:
+        self.a, self.b, self.c = a, b, c
+        self.tokens: list[int] = []
+
+    @property
+    def error(self) -> str | None:
+        return None
+
+    def _allowed(self) -> list[int]:
+        if len(self.tokens) < 2:
+            return [self.a, self.b]
+        if len(self.tokens) == 2:
+            return [] if self.tokens[1] == self.a else [self.c]
+        return []
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        for token in self._allowed():
+            word, bit = divmod(token, 32)
+            value = int(bitmask[row, word]) | (1 << bit)
+            bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
+
+    def accept_token(self, token_id: int) -> bool:
+        if token_id not in self._allowed():
+            return False
+        self.tokens.append(token_id)
+        return True
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        return 0
+
+    def rollback(self, num_tokens: int) -> None:
+        del self.tokens[len(self.tokens) - num_tokens :]
+
+    def forced_tokens(self) -> list[int]:
+        return []
+
+    def is_terminated(self) -> bool:
+        return len(self.tokens) == 3
+
+    def can_terminate(self) -> bool:
+        return len(self.tokens) == 3
+
+
+class _PlainBackend:
+    name = "dead-end-test"
+
+    def fill_bitmasks(self, matchers: Sequence[Any], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_bitmask(bitmask, row)
+
+
+@pytest.mark.parametrize(("max_revisions", "reason"), [(4, "stop"), (0, str(Trip.DEAD_END))])
+def test_dead_end_backtracks_or_ends_with_dead_end(loaded: LoadedModel, max_revisions: int, reason: str) -> None:
+    engine = make_engine(loaded)
+    a, b, c = (loaded.tokenizer.encode(t, add_special_tokens=False)[0] for t in ("A", "B", "C"))
+    seq, _ = new_seq(
+        loaded,
+        "dead",
+        max_tokens=20,
+        max_revisions=max_revisions,
+        # The model walks into the dead end first and never asks for a revision itself.
+        logit_bias={a: 50.0, b: -50.0, loaded.revision_token_id or 0: -100.0},
+    )
+    seq.matcher, seq.backend = _DeadEndMatcher(a, b, c), _PlainBackend()  # type: ignore[assignment]
+    engine.add_request(seq)
+    run_until_done(engine, [seq])
+    assert seq.finish_reason == reason
+    if reason == "stop":
+        assert seq.output_ids == [a, b, c] and seq.revision.revisions == 1
+    else:
+        assert seq.trip == str(Trip.DEAD_END) and seq.error
+
+
+@pytest.fixture()
+def stall_engine(loaded: LoadedModel) -> Iterator[Engine]:
+    yield make_engine(loaded, limits=WatchdogLimits(whitespace_run=16, repeat_window=24))
+
+
+def test_whitespace_loop_is_cut_short_while_others_finish(loaded: LoadedModel, stall_engine: Engine) -> None:
+    space = loaded.tokenizer.encode(" ", add_special_tokens=False)[0]
+    looping, _ = new_seq(loaded, "ws", max_tokens=400, logit_bias={space: 100.0})
+    ordinary, _ = new_seq(loaded, "ok", max_tokens=8)
+    stall_engine.add_request(looping)
+    stall_engine.add_request(ordinary)
+    run_until_done(stall_engine, [looping, ordinary])
+    assert looping.finish_reason == str(Trip.STALL) and len(looping.output_ids) == 16
+    assert ordinary.finish_reason in ("stop", "length")
+
+
+def test_repeating_cycle_is_cut_short(loaded: LoadedModel, stall_engine: Engine) -> None:
+    word = loaded.tokenizer.encode("hello", add_special_tokens=False)[0]
+    seq, _ = new_seq(loaded, "cycle", max_tokens=400, logit_bias={word: 100.0})
+    stall_engine.add_request(seq)
+    run_until_done(stall_engine, [seq])
+    assert seq.finish_reason == str(Trip.STALL) and len(seq.output_ids) < 40
+
+
+def test_mask_budget_overruns_end_the_request(loaded: LoadedModel) -> None:
+    engine = make_engine(loaded, limits=WatchdogLimits(mask_budget_ms=0.000001, mask_overruns=2))
+    a, b, c = (loaded.tokenizer.encode(t, add_special_tokens=False)[0] for t in ("A", "B", "C"))
+    seq, _ = new_seq(loaded, "slow-mask", max_tokens=20, logit_bias={b: 50.0})
+    seq.matcher, seq.backend = _DeadEndMatcher(a, b, c), _PlainBackend()  # type: ignore[assignment]
+    engine.add_request(seq)
+    run_until_done(engine, [seq])
+    assert seq.finish_reason == str(Trip.MASK_TIMEOUT)
+    assert len(seq.stats.mask_us) == 3  # three fills, each over budget; the third passes the limit of 2
