@@ -383,6 +383,15 @@ class Service:
                 "failure": None if (check and check.valid) else _failure_class(seq),
                 "fallback_from": done.fallback_from,
             }
+        elif seq.revision.revisions or seq.trip:
+            # Unconstrained, but revisions or a watchdog trip still need reporting.
+            grammar = {
+                "kind": None,
+                "backend": None,
+                "revisions": seq.revision.revisions,
+                "watchdog": seq.trip,
+                "failure": seq.trip,
+            }
         return {"timings": timings, "grammar": grammar}
 
 
