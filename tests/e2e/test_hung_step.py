@@ -3,6 +3,7 @@ exits (status 70) so a supervisor restarts it."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -24,10 +25,8 @@ def test_hung_step_fails_in_flight_requests_and_exits() -> None:
 
         def probe_health() -> None:
             while proc.poll() is None:
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     health_during.append(httpx.get(f"{base}/health", timeout=0.5).status_code)
-                except httpx.HTTPError:
-                    pass
                 time.sleep(0.1)
 
         prober = threading.Thread(target=probe_health, daemon=True)
