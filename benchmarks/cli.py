@@ -61,6 +61,8 @@ def run_jsonschemabench(args: argparse.Namespace) -> int:
     from rich.logging import RichHandler
 
     console = Console()
+    if not console.is_terminal:  # logs and CI: do not squeeze the 15-column tables into 80 characters
+        console = Console(width=200)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
     from benchmarks.jsonschemabench.results import ResultStore

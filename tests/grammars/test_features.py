@@ -37,16 +37,20 @@ def test_string_length_bounds_route_to_llguidance_first(schema: dict[str, Any]) 
     {"type": "array", "maxItems": 3, "minItems": 1},
     {"type": "object", "properties": {"maxLength": {"type": "integer"}}},
 ])
-def test_other_schemas_route_to_xgrammar_first(schema: dict[str, Any]) -> None:
-    assert route(GrammarSpec.json_schema(schema), BOTH) == ["xgrammar", "llguidance"]
+def test_other_schemas_route_to_llguidance_first_too(schema: dict[str, Any]) -> None:
+    # Measured: llguidance is stricter, covers more and compiles faster on JSONSchemaBench (route docstring).
+    assert route(GrammarSpec.json_schema(schema), BOTH) == ["llguidance", "xgrammar"]
 
 
 def test_property_named_like_a_keyword_is_not_a_keyword() -> None:
     assert "maxLength" not in schema_features({"type": "object", "properties": {"maxLength": {"type": "integer"}}})
 
 
+def test_json_object_routes_to_llguidance_first() -> None:
+    assert route(GrammarSpec.json_object(), BOTH) == ["llguidance", "xgrammar"]
+
+
 @pytest.mark.parametrize("spec", [
-    GrammarSpec.json_object(),
     GrammarSpec.choice(["a", "b"]),
     GrammarSpec.regex("[a-z]{1,4}"),
     GrammarSpec.ebnf('root ::= "a"'),

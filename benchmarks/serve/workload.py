@@ -1,0 +1,61 @@
+"""What the benchmark sends: a deterministic spread of JSONSchemaBench schemas and one prompt per schema."""
+
+from __future__ import annotations
+
+import math
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from benchmarks.jsonschemabench.dataset import SchemaCase, load_cases, sample_names
+
+PROMPT = "Reply with a JSON value that matches the JSON Schema the server enforces."
+CANDIDATE_FACTOR = 3  # spare candidates per subset, to replace schemas the server refuses
+
+
+def candidate_cases(data: Path, wanted: int) -> list[SchemaCase]:
+    """Schemas in the order they should be tried: round-robin over the subsets (paper order), each subset's
+    files evenly spaced over its sorted list. The first `wanted` span every subset; the rest are spares."""
+    if wanted <= 0:
+        raise ValueError(f"--schemas must be positive, got {wanted}")
+    by_subset: dict[str, list[SchemaCase]] = {}
+    subset_count = sum(1 for p in data.iterdir() if p.is_dir() and any(p.glob("*.json")))
+    if subset_count == 0:
+        raise ValueError(f"no <Subset>/*.json under {data}")
+    per_subset = math.ceil(wanted / subset_count) * CANDIDATE_FACTOR
+    for case in load_cases(data, None, per_subset):
+        by_subset.setdefault(case.subset, []).append(case)
+    # Interleave in spaced order, so the first picks of every subset come before any subset's spares.
+    spaced = {s: _spread(cases) for s, cases in by_subset.items()}
+    return [c for row in zip_longest(*spaced.values()) for c in row if c is not None]
+
+
+def _spread(cases: list[SchemaCase]) -> list[SchemaCase]:
+    """Reorder so that any prefix is itself evenly spaced over the list (1, 1/2, 1/4 and 3/4, ...)."""
+    order: list[int] = []
+    for k in range(1, len(cases) + 1):
+        for i in sample_names([str(j).zfill(8) for j in range(len(cases))], k):
+            if int(i) not in order:
+                order.append(int(i))
+    return [cases[i] for i in order]
+
+
+def messages(case: SchemaCase) -> list[dict[str, str]]:
+    # The schema is not in the prompt: the grammar carries it, and big schemas would dominate prefill.
+    title = case.schema.get("title", "") if isinstance(case.schema, dict) else ""
+    text = f"{PROMPT} Schema title: {title}" if title else PROMPT
+    return [{"role": "user", "content": text[:500]}]
+
+
+def request_body(case: SchemaCase, *, constrained: bool, max_tokens: int, backend: str, seed: int = 0
+                 ) -> dict[str, Any]:
+    """Same prompt and max_tokens either way; unconstrained ignores EOS so it generates exactly max_tokens
+    (the default model ends an unconstrained turn at once)."""
+    body: dict[str, Any] = {
+        "messages": messages(case), "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
+    }
+    if constrained:
+        body["structured_outputs"] = {"json": case.schema, "backend": backend}
+    else:
+        body["ignore_eos"] = True
+    return body
