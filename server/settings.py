@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     exit_on_hung_step: bool = Field(
         True, description="exit (for a supervisor to restart) after failing in-flight requests of a hung step"
     )
+    torch_threads: int | None = Field(
+        None, ge=1, description="CPU threads for the model (default: all cores but one, left to masks and HTTP)"
+    )
     backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
     log_level: str = "info"
 

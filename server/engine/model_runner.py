@@ -11,6 +11,8 @@ import torch
 from server.engine.kv_cache import SlotKVCache
 from server.models import LoadedModel
 
+SHARED_FORWARD_MAX = 32  # rows feeding up to this many tokens join the shared (padded) forward
+
 
 @dataclass(frozen=True)
 class ForwardRow:
@@ -31,6 +33,12 @@ class ModelRunner:
         heads = int(text_config.num_attention_heads)
         head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // heads)
         self.max_len = max_len
+        # Decoder + output projection, when the architecture exposes them plainly (Llama, Qwen, Mistral...).
+        # Models that post-process logits (e.g. soft-capping) fall back to the full forward.
+        has_plain_head = getattr(text_config, "final_logit_softcapping", None) is None
+        model: Any = loaded.model
+        self._decoder: Any = model.get_decoder() if has_plain_head and hasattr(model, "get_decoder") else None
+        self._head: Any = model.get_output_embeddings() if self._decoder is not None else None
         self.cache = SlotKVCache(
             num_layers=int(text_config.num_hidden_layers),
             num_slots=max_batch,
@@ -45,38 +53,53 @@ class ModelRunner:
     def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
         """Float32 logits [len(rows), V] for the last fed token of each row.
 
-        Rows that feed one token each run as one batch; a row feeding several (a prompt, or a token
-        plus its forced continuation) runs on its own, so no row is ever padded."""
-        singles = [i for i, r in enumerate(rows) if len(r.tokens) == 1]
+        Decode rows (one token, or a token plus its forced continuation) share one forward, padded to
+        the longest; a long prompt runs on its own so it never makes the others pad to its length."""
         out: list[torch.Tensor | None] = [None] * len(rows)
-        if singles:
-            logits = self._run([rows[i] for i in singles])
-            for j, i in enumerate(singles):
+        shared = [
+            i
+            for i, r in enumerate(rows)
+            if len(r.tokens) <= SHARED_FORWARD_MAX and r.start + SHARED_FORWARD_MAX <= self.max_len
+        ]
+        if shared:
+            logits = self._run([rows[i] for i in shared])
+            for j, i in enumerate(shared):
                 out[i] = logits[j]
         for i, row in enumerate(rows):
-            if len(row.tokens) != 1:
+            if out[i] is None:
                 out[i] = self._run([row])[0]
         return torch.stack([t for t in out if t is not None])
 
     def _run(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
-        q_len = len(rows[0].tokens)
+        lengths = [len(r.tokens) for r in rows]
+        q_len = max(lengths)
         span = self.cache.bind([r.slot for r in rows], [r.start for r in rows], q_len, self.device)
-        input_ids = torch.tensor([list(r.tokens) for r in rows], device=self.device)
+        # Shorter rows are right-padded; their padding writes KV past the row's real end, where it is
+        # masked from every real query and overwritten by the row's next tokens.
+        padded = [list(r.tokens) + [0] * (q_len - len(r.tokens)) for r in rows]
+        input_ids = torch.tensor(padded, device=self.device)
         starts = torch.tensor([r.start for r in rows], device=self.device)
         positions = starts[:, None] + torch.arange(q_len, device=self.device)[None, :]
         key_index = torch.arange(span, device=self.device)
         # Row b's query i (at absolute position starts[b] + i) sees keys at positions <= its own.
         mask = key_index[None, None, :] <= positions[:, :, None]
-        output = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=mask[:, None, :, :],
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits: torch.Tensor = output.logits[:, -1, :].float()
-        return logits
+        inputs = {
+            "input_ids": input_ids,
+            "position_ids": positions,
+            "attention_mask": mask[:, None, :, :],
+            "past_key_values": self.cache,
+            "use_cache": True,
+        }
+        last = torch.tensor(lengths, device=self.device) - 1
+        if self._decoder is not None and self._head is not None:
+            # Project only each row's last real position: the vocabulary projection is the big matmul.
+            hidden = self._decoder(**inputs).last_hidden_state
+            picked = hidden[torch.arange(len(rows), device=self.device), last]
+            logits: torch.Tensor = self._head(picked).float()
+            return logits
+        full = self.model(**inputs, logits_to_keep=0).logits
+        gathered: torch.Tensor = full[torch.arange(len(rows), device=self.device), last].float()
+        return gathered
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
