@@ -15,6 +15,9 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bench = sub.add_parser("bench", help="run a benchmark", description="Benchmarks of corral's grammar backends.")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     _add_jsonschemabench(bench_sub)
+    from benchmarks.serve.cli import add_serve_parser  # the serving load benchmark lives in its own package
+
+    add_serve_parser(bench_sub)
 
 
 def _add_jsonschemabench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,106 @@
+"""results.json, the PNG, and the rows of the printed table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+# (key in a run's metrics, column header, format)
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("mode", "mode", "{}"),
+    ("concurrency", "conc", "{}"),
+    ("ok", "ok", "{}"),
+    ("completion_tokens", "tokens", "{}"),
+    ("wall_s", "wall s", "{:.2f}"),
+    ("throughput_tok_s", "tok/s", "{:.1f}"),
+    ("requests_per_s", "req/s", "{:.2f}"),
+    ("ttft_ms_p50", "TTFT p50 ms", "{:.1f}"),
+    ("ttft_ms_p99", "TTFT p99 ms", "{:.1f}"),
+    ("tpot_ms_p50", "TPOT p50 ms", "{:.2f}"),
+    ("tpot_ms_p99", "TPOT p99 ms", "{:.2f}"),
+    ("mask_us_p50", "mask p50 µs", "{:.1f}"),
+    ("forward_ms_mean", "fwd ms", "{:.2f}"),
+    ("tokens_per_step", "tok/step", "{:.2f}"),
+    ("forced_share", "forced", "{:.0%}"),
+    ("compliance", "compliance", "{:.0%}"),
+    ("finish_reasons", "finish", "{}"),
+)
+
+
+def cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, dict):
+        return " ".join(f"{k}:{v}" for k, v in sorted(value.items()))
+    return fmt.format(value)
+
+
+def table_rows(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None) -> list[list[str]]:
+    rows = [[cell(run.get(key), fmt) for key, _, fmt in COLUMNS] for run in runs]
+    if baseline is not None:
+        rows.append([cell(baseline.get(key), fmt) for key, _, fmt in COLUMNS])
+    return rows
+
+
+def markdown_table(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None) -> str:
+    header = [h for _, h, _ in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs, baseline)]
+    return "\n".join(lines)
+
+
+def ratio_lines(ratios: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    for name, r in ratios.items():
+        value = "n/a" if r["value"] is None else (f"{r['value']:.1%}" if name == "compliance" else f"{r['value']:.2f}")
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
+        out.append(f"{name}: {value} (target {r['target']}, {verdict}) = {r['numerator_from']} "
+                   f"{_num(r['numerator'])} ÷ {r['denominator_from']} {_num(r['denominator'])}")
+    return out
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def write_json(results: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None, path: Path) -> Path:
+    """Grouped bars: output tok/s per concurrency, one bar per mode; the baseline as a horizontal line."""
+    levels = sorted({int(r["concurrency"]) for r in runs})
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    width = 0.8 / max(1, len(modes))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, mode in enumerate(modes):
+        values = []
+        for level in levels:
+            run = next((r for r in runs if r["mode"] == mode and r["concurrency"] == level), None)
+            values.append((run or {}).get("throughput_tok_s") or 0.0)
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(levels))]
+        bars = ax.bar(xs, values, width, label=mode)
+        ax.bar_label(bars, fmt="%.0f", fontsize="small")
+    if baseline is not None and baseline.get("throughput_tok_s"):
+        ax.axhline(baseline["throughput_tok_s"], color="black", linestyle="--",
+                   label=f"naive baseline (HF generate + xgrammar), {baseline['throughput_tok_s']:.0f} tok/s")
+    ax.set_xticks(range(len(levels)), [str(level) for level in levels])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("corral serving throughput")
+    ax.legend(fontsize="small", loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,156 @@
+"""`corral bench serve`: the arithmetic on hand-made numbers, and a fast end-to-end smoke run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.serve.cli import parse_levels
+from benchmarks.serve.stats import RequestResult, headline_ratios, percentile, ratio, summarize_run
+from benchmarks.serve.workload import candidate_cases, request_body
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"
+
+RUN_KEYS = {
+    "mode", "concurrency", "requests", "ok", "errors", "completion_tokens", "wall_s", "throughput_tok_s",
+    "requests_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "queue_ms_p50",
+    "compile_ms_mean", "latency_ms_p50", "mask_us_p50", "mask_us_p99", "forward_ms_mean", "forward_steps",
+    "tokens_per_step", "forced_tokens", "forced_share", "finish_reasons", "finished", "valid", "compliance",
+}
+
+
+# -- arithmetic ------------------------------------------------------------------------------------------
+def test_percentile_interpolates_and_ignores_none() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([None, 7.0, None], 99) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_ratio_guards_missing_and_zero() -> None:
+    assert ratio(6.0, 3.0) == 2.0
+    assert ratio(None, 3.0) is None
+    assert ratio(1.0, 0.0) is None
+
+
+def result(mode: str, tokens: int, *, finish: str = "stop", valid: bool | None = None, ttft: float = 10.0,
+           tpot: float | None = 2.0, forced: int = 0, steps: int = 0, status: str = "ok") -> RequestResult:
+    timings: dict[str, Any] = {"ttft_ms": ttft, "tpot_ms": tpot, "forced_tokens": forced,
+                               "forward_steps": steps or tokens, "mask_us_p50": 40.0 if mode == "constrained" else None}
+    return RequestResult(mode, 1, "S/x.json", status, 200, finish, tokens, 50.0, timings, None, valid)
+
+
+def test_summarize_run_on_hand_made_requests() -> None:
+    results = [
+        result("constrained", 10, valid=True, ttft=10.0, tpot=1.0, forced=4, steps=6),
+        result("constrained", 20, valid=False, ttft=30.0, tpot=3.0, forced=6, steps=14),
+        result("constrained", 30, finish="length", ttft=20.0, tpot=2.0, steps=30),
+        result("constrained", 0, status="error", ttft=999.0),
+    ]
+    run = summarize_run("constrained", 1, results, wall_s=2.0)
+    assert set(run) == RUN_KEYS
+    assert run["requests"] == 4 and run["ok"] == 3 and run["errors"] == 1
+    assert run["completion_tokens"] == 60
+    assert run["throughput_tok_s"] == pytest.approx(30.0)
+    assert run["requests_per_s"] == pytest.approx(1.5)
+    assert run["ttft_ms_p50"] == pytest.approx(20.0)  # the failed request's 999 ms is not counted
+    assert run["tpot_ms_p99"] == pytest.approx(2.98)
+    assert run["forced_share"] == pytest.approx(10 / 60)
+    assert run["tokens_per_step"] == pytest.approx(60 / 50)
+    assert run["finish_reasons"] == {"stop": 2, "length": 1}
+    # Compliance is among finished (stop) answers only: 1 valid of 2.
+    assert (run["finished"], run["valid"], run["compliance"]) == (2, 1, 0.5)
+    unconstrained = summarize_run("unconstrained", 1, [result("unconstrained", 8, finish="length")], 1.0)
+    assert unconstrained["compliance"] is None and unconstrained["mask_us_p50"] is None
+
+
+def test_headline_ratios_from_hand_made_runs() -> None:
+    def run(mode: str, level: int, tok_s: float, tpot: float, finished: int | None = None,
+            valid: int | None = None) -> dict[str, Any]:
+        return {"mode": mode, "concurrency": level, "throughput_tok_s": tok_s, "tpot_ms_p50": tpot,
+                "finished": finished, "valid": valid}
+
+    runs = [run("constrained", 1, 100.0, 3.0, 10, 10), run("unconstrained", 1, 120.0, 4.0),
+            run("constrained", 16, 500.0, 9.0, 10, 9), run("unconstrained", 16, 700.0, 8.0)]
+    ratios = headline_ratios(runs, {"throughput_tok_s": 50.0})
+    assert ratios["tpot_constrained_over_unconstrained"]["value"] == pytest.approx(0.75)
+    assert ratios["tpot_constrained_over_unconstrained"]["met"] is True
+    assert ratios["throughput_scaling"]["value"] == pytest.approx(5.0)
+    assert ratios["throughput_scaling"]["met"] is True
+    assert ratios["corral_over_baseline"]["value"] == pytest.approx(10.0)
+    assert ratios["compliance"]["value"] == pytest.approx(19 / 20)
+    assert ratios["compliance"]["met"] is False
+    no_baseline = headline_ratios(runs, None)["corral_over_baseline"]
+    assert no_baseline["value"] is None and no_baseline["met"] is None
+
+
+# -- workload --------------------------------------------------------------------------------------------
+def test_candidates_spread_over_subsets_deterministically() -> None:
+    first = candidate_cases(SAMPLE, 7)
+    subsets = {p.name for p in SAMPLE.iterdir() if p.is_dir()}
+    assert {c.subset for c in first[:7]} == subsets  # the first picks span every subset
+    assert [c.case_id for c in first] == [c.case_id for c in candidate_cases(SAMPLE, 7)]
+    assert len({c.case_id for c in first}) == len(first)
+
+
+def test_request_bodies_differ_only_in_the_constraint() -> None:
+    case = candidate_cases(SAMPLE, 1)[0]
+    constrained = request_body(case, constrained=True, max_tokens=16, backend="auto")
+    free = request_body(case, constrained=False, max_tokens=16, backend="auto")
+    assert constrained["messages"] == free["messages"] and constrained["max_tokens"] == free["max_tokens"] == 16
+    assert constrained["structured_outputs"] == {"json": case.schema, "backend": "auto"}
+    assert free["ignore_eos"] is True and "structured_outputs" not in free
+
+
+def test_parse_levels() -> None:
+    assert parse_levels("1, 4,16") == (1, 4, 16)
+    with pytest.raises(ValueError):
+        parse_levels("1,x")
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path) -> None:
+    from server.cli import main
+
+    out = tmp_path / "serve"
+    code = main(["bench", "serve", "--data", str(SAMPLE), "--schemas", "3", "--concurrency", "1,2",
+                 "--max-tokens", "16", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert (out / "throughput.png").stat().st_size > 0
+    runs = results["runs"]
+    assert [(r["mode"], r["concurrency"]) for r in runs] == [
+        ("constrained", 1), ("unconstrained", 1), ("constrained", 2), ("unconstrained", 2)]
+    for run in runs:
+        assert set(run) == RUN_KEYS
+        assert run["ok"] == run["requests"] == 3
+        assert run["throughput_tok_s"] == pytest.approx(run["completion_tokens"] / run["wall_s"])
+        assert run["tpot_ms_p50"] is not None and run["ttft_ms_p50"] is not None
+    by_key = {(r["mode"], r["concurrency"]): r for r in runs}
+    # Unconstrained ignores EOS: exactly max_tokens each. Constrained: every answer timed after its warm-up.
+    assert by_key["unconstrained", 1]["completion_tokens"] == 3 * 16
+    assert all(r["compile_ms_mean"] < 50 for r in runs if r["mode"] == "constrained")
+    ratios = results["ratios"]
+    assert set(ratios) == {"tpot_constrained_over_unconstrained", "throughput_scaling", "corral_over_baseline",
+                           "compliance"}
+    # Recompute the ratios from the table.
+    assert ratios["tpot_constrained_over_unconstrained"]["value"] == pytest.approx(
+        by_key["constrained", 1]["tpot_ms_p50"] / by_key["unconstrained", 1]["tpot_ms_p50"])
+    assert ratios["throughput_scaling"]["value"] == pytest.approx(
+        by_key["constrained", 2]["throughput_tok_s"] / by_key["constrained", 1]["throughput_tok_s"])
+    baseline = results["baseline"]
+    assert baseline["requests"] == 3 and baseline["throughput_tok_s"] > 0 and baseline["tpot_ms_p50"] > 0
+    assert ratios["corral_over_baseline"]["value"] == pytest.approx(
+        by_key["constrained", 2]["throughput_tok_s"] / baseline["throughput_tok_s"])
+    assert ratios["compliance"]["value"] == 1.0
+    assert len(results["schemas"]["used"]) == 3
+    assert len(results["requests"]) == 4 * 3
