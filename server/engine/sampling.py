@@ -37,21 +37,23 @@ def sample_rows(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of masked float logits [B, V]. Rows differ in parameters, so each is drawn alone;
-    B is the running batch (tens), while the V-wide work stays vectorised."""
-    tokens: list[int] = []
-    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
-        scores = logits[row]
+    """One token per row of masked float logits [B, V] (biases are added in place). Greedy rows share one
+    argmax; sampled rows differ in parameters and generators, so each is drawn alone."""
+    for row, p in enumerate(params):
         if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), device=scores.device)
-            bias = torch.tensor(list(p.logit_bias.values()), device=scores.device, dtype=scores.dtype)
-            # A bias never revives a token the grammar masked out (-inf stays -inf).
-            scores = scores.clone()
-            scores[ids] += bias
+            ids = torch.tensor(list(p.logit_bias), device=logits.device)
+            bias = torch.tensor(list(p.logit_bias.values()), device=logits.device, dtype=logits.dtype)
+            logits[row, ids] += bias  # a bias never revives a masked token: -inf stays -inf
+    tokens = [0] * len(params)
+    greedy = [row for row, p in enumerate(params) if p.greedy]
+    if greedy:
+        picked = torch.argmax(logits[greedy], dim=-1).tolist()
+        for row, token in zip(greedy, picked, strict=True):
+            tokens[row] = int(token)
+    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
         if p.greedy:
-            tokens.append(int(torch.argmax(scores).item()))
             continue
-        probs = torch.softmax(scores.float() / p.temperature, dim=-1)
+        probs = torch.softmax(logits[row] / p.temperature, dim=-1)
         if p.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             cumulative = torch.cumsum(sorted_probs, dim=-1)
@@ -59,5 +61,5 @@ def sample_rows(
             drop = cumulative - sorted_probs > p.top_p
             sorted_probs[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        tokens.append(int(torch.multinomial(probs, 1, generator=generator).item()))
+        tokens[row] = int(torch.multinomial(probs, 1, generator=generator).item())
     return tokens
