@@ -239,7 +239,7 @@ class Service:
         return result
 
     # -- running -----------------------------------------------------------------------------------
-    async def stream(self, prepared: Prepared) -> AsyncIterator[SeqOutput]:
+    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
         """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
         if self.in_flight >= self.settings.max_queue:
             self.metrics.rejected.labels("429").inc()
@@ -264,6 +264,7 @@ class Service:
             sink=sink,
             matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
             backend=backend,
+            streaming=deltas,
         )
         seq.stats.arrival = prepared.received
         self.in_flight += 1
@@ -296,7 +297,7 @@ class Service:
         return done
 
     async def _run_once(self, prepared: Prepared) -> Finished:
-        async for out in self.stream(prepared):
+        async for out in self.stream(prepared, deltas=False):
             if out.finished:
                 return self.finish(prepared, out)
         raise RuntimeError("engine stream ended without a final output")

@@ -206,7 +206,8 @@ class Engine:
         if seq.stall is not None and seq.stall.observe(appended, seq.output_ids):
             self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
             return
-        if self._emit_text(seq):
+        # Decoding every step is only needed to stream deltas or to look for stop strings.
+        if (seq.streaming or seq.params.stop) and self._emit_text(seq):
             return
         if matcher is not None and matcher.is_terminated():
             self._finish(seq, "stop")
@@ -250,6 +251,7 @@ class Engine:
                 text, stopped = text[:found], True
         seq.text = text
         if stopped:
+            seq.text_cut = True
             self._finish(seq, "stop")
             return True
         stable = seq.revision.stable_tokens(len(seq.output_ids))
@@ -273,7 +275,6 @@ class Engine:
         seq.trip = str(kind)
         seq.error = message
         self.on_trip(str(kind))
-        seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         self._finish(seq, str(kind))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
@@ -282,6 +283,8 @@ class Engine:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         seq.stats.finished = time.perf_counter()
+        if reason != "abort" and not seq.text_cut:
+            seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         delta = seq.text[seq.emitted :] if reason != "abort" else ""
         seq.emitted = len(seq.text)
         seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq))

@@ -63,7 +63,9 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     generator: torch.Generator | None = None
+    streaming: bool = True  # False: only the final output is needed, so text is decoded once, at the end
     text: str = ""  # decoded output so far (after stop-string truncation)
+    text_cut: bool = False  # a stop string truncated `text`; it must not be re-decoded
     emitted: int = 0  # characters of `text` already handed to the sink
     stats: SeqStats = field(default_factory=SeqStats)
     # Set by the engine when the sequence is admitted (they depend on engine-wide settings).
