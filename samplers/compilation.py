@@ -1,10 +1,21 @@
-"""Compile a spec with one backend or with `auto` routing, behind a cache keyed by the canonical spec."""
+"""Compile a spec with one backend or with `auto` routing, behind a cache keyed by the canonical spec.
+
+Every compile runs under a deadline (`compile_timeout_s`) for every grammar kind. Built-in backends
+compile in killable worker processes (samplers.sandbox): an overrun kills the worker, so a hostile
+grammar stops costing CPU at the deadline, and the refusal is cached like any other, so the same spec
+is refused at once next time.
+
+Under `auto` the deadline covers the whole attempt: a backend that refuses quickly leaves the rest of
+the budget to the next one, while a backend that times out has spent it all, so `auto` stops there and
+the caller hears about the timeout within one deadline (not one per backend).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -13,8 +24,16 @@ from grammars.features import route
 from grammars.lowering import describe
 from grammars.spec import GrammarKind, GrammarSpec
 from grammars.validation import check_regex_hint
-from samplers.protocol import CompiledGrammar, CompileError
+from samplers.protocol import CompiledGrammar, CompileError, SamplerBackend
 from samplers.registry import AUTO, BackendSet
+from samplers.sandbox import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    DEFAULT_WORKERS,
+    Budget,
+    CompileSandbox,
+    CompileTimeout,
+    SandboxUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +41,22 @@ log = logging.getLogger(__name__)
 class GrammarRejected(ValueError):
     """No backend could compile the spec. The message says what is wrong and which backends tried."""
 
-    def __init__(self, message: str, *, tried: list[str], unsupported: bool) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        tried: list[str],
+        unsupported: bool,
+        timed_out: bool = False,
+        deadline_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.tried = tried
         self.unsupported = unsupported
+        # True when compiling overran the deadline (`deadline_s`): the server answers
+        # `grammar_compile_timeout` rather than `invalid_grammar`.
+        self.timed_out = timed_out
+        self.deadline_s = deadline_s
 
 
 @dataclass(frozen=True)
@@ -38,16 +69,56 @@ class CompileResult:
 
 
 class GrammarCache:
-    """Thread-safe LRU of compiled grammars and of refusals; concurrent misses on a key compile once."""
+    """Thread-safe LRU of compiled grammars and of refusals; concurrent misses on a key compile once.
 
-    def __init__(self, backends: BackendSet, capacity: int = 512) -> None:
+    `isolate` runs the built-in backends in killable worker processes (the server turns it on; the
+    library default is in-process, with the deadline checked after the fact); the
+    workers are shared by every cache over the same BackendSet, so short-lived caches cost no new
+    processes. `timeout_retry_s`: a cached timeout expires after this long (None: never), so a grammar
+    that only timed out because the host was overloaded is not refused forever.
+    """
+
+    def __init__(
+        self,
+        backends: BackendSet,
+        capacity: int = 512,
+        compile_timeout_s: float = 10.0,
+        *,
+        isolate: bool = False,
+        sandbox: CompileSandbox | None = None,
+        workers: int = DEFAULT_WORKERS,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+        timeout_retry_s: float | None = 600.0,
+    ) -> None:
+        if compile_timeout_s <= 0:
+            raise ValueError("compile_timeout_s must be positive")
         self.backends = backends
         self.capacity = capacity
+        self.compile_timeout_s = compile_timeout_s
+        self.timeout_retry_s = timeout_retry_s
+        if sandbox is None and isolate:
+            sandbox = shared_sandbox(backends, workers=workers, memory_limit_mb=memory_limit_mb)
+        self.sandbox = sandbox
         self._entries: OrderedDict[tuple[str, str], CompiledGrammar | GrammarRejected] = OrderedDict()
+        self._expiry: dict[tuple[str, str], float] = {}  # monotonic time after which a cached timeout is retried
         self._pending: dict[tuple[str, str], Future[CompiledGrammar | GrammarRejected]] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    def warm_up(self) -> None:
+        """Build every backend's tables, in this process and in the compile workers (which boot
+        meanwhile), and return once all are ready. Replaces `backends.warm_up()` at server start."""
+        if self.sandbox is not None:
+            self.sandbox.start()
+        self.backends.warm_up()
+        if self.sandbox is not None:
+            self.sandbox.wait_ready()
+
+    def close(self) -> None:
+        """Stop the compile workers (a later compile starts fresh ones)."""
+        if self.sandbox is not None:
+            self.sandbox.close()
 
     def compile(self, spec: GrammarSpec, backend: str = AUTO) -> CompileResult:
         """Blocking; call from a worker thread. Raises GrammarRejected."""
@@ -58,6 +129,9 @@ class GrammarCache:
         future: Future[CompiledGrammar | GrammarRejected] | None = None
         with self._lock:
             cached = self._entries.get(key)
+            if cached is not None and self._expiry.get(key, float("inf")) < time.monotonic():
+                self._forget(key)
+                cached = None
             if cached is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
@@ -79,9 +153,12 @@ class GrammarCache:
                         f"the grammar engine failed on this {describe(spec)}: {exc}", tried=[backend], unsupported=False
                     )
                 with self._lock:
-                    self._entries[key] = cached
-                    while len(self._entries) > self.capacity:
-                        self._entries.popitem(last=False)
+                    self._store(key, cached)
+                    if isinstance(cached, GrammarRejected) and cached.timed_out and backend == AUTO:
+                        # The backend that timed out would time out on an explicit request too.
+                        alone = (cached.tried[-1], spec.key)
+                        if alone not in self._entries and alone not in self._pending:
+                            self._store(alone, cached)
                     del self._pending[key]
                 future.set_result(cached)
             else:
@@ -91,9 +168,22 @@ class GrammarCache:
         elapsed = (time.perf_counter() - start) * 1000
         return CompileResult(cached, cached.backend_name, not owner, elapsed)
 
+    def _store(self, key: tuple[str, str], value: CompiledGrammar | GrammarRejected) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        if isinstance(value, GrammarRejected) and value.timed_out and self.timeout_retry_s is not None:
+            self._expiry[key] = time.monotonic() + self.timeout_retry_s
+        while len(self._entries) > self.capacity:
+            self._forget(next(iter(self._entries)))
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self._entries.pop(key, None)
+        self._expiry.pop(key, None)
+
     def _compile_uncached(self, spec: GrammarSpec, backend: str) -> CompiledGrammar | GrammarRejected:
         names = route(spec, self.backends.enabled) if backend == AUTO else [backend]
         failures: list[CompileError] = []
+        budget = Budget(self.compile_timeout_s)
         for name in names:
             impl = self.backends.get(name)
             reason = impl.supports(spec)
@@ -102,18 +192,69 @@ class GrammarCache:
                 continue
             try:
                 t0 = time.perf_counter()
-                compiled = impl.compile(spec)
+                compiled = self._compile_one(impl, spec, budget)
                 log.debug("compiled %s with %s in %.1f ms", spec.key, name, (time.perf_counter() - t0) * 1000)
                 return compiled
+            except CompileTimeout as exc:
+                log.warning("compiling %s with %s overran the %g s deadline", spec.key, name, exc.deadline_s)
+                failures.append(exc)
+                break  # the budget is spent; see the module docstring
             except CompileError as exc:
                 log.info("backend %s refused %s: %s", name, spec.key, exc)
                 failures.append(exc)
         return _rejection(spec, failures)
 
+    def _compile_one(self, impl: SamplerBackend, spec: GrammarSpec, budget: Budget) -> CompiledGrammar:
+        if self.sandbox is not None and self.sandbox.handles(impl):
+            try:
+                return self.sandbox.compile(impl, spec, budget)
+            except SandboxUnavailable:
+                pass  # logged by the sandbox; compile in-process below
+        if budget.remaining <= 0:
+            raise CompileTimeout(
+                f"no time left of the {budget.total:g} s deadline", backend=impl.name, deadline_s=budget.total
+            )
+        # In-process (plug-ins, or isolate=False): the deadline is checked after the fact; this thread
+        # cannot be stopped, so a slow compile still finishes (and is cached as a timeout).
+        with budget.charging():
+            compiled = impl.compile(spec)
+        if budget.remaining < 0:
+            raise CompileTimeout(
+                f"compiling took longer than the {budget.total:g} s deadline",
+                backend=impl.name,
+                deadline_s=budget.total,
+            )
+        return compiled
+
+
+_shared: weakref.WeakKeyDictionary[BackendSet, CompileSandbox] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def shared_sandbox(
+    backends: BackendSet, *, workers: int = DEFAULT_WORKERS, memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB
+) -> CompileSandbox:
+    """The compile workers for `backends`, created on first use (the first caller's settings win)."""
+    with _shared_lock:
+        sandbox = _shared.get(backends)
+        if sandbox is None:
+            sandbox = CompileSandbox(
+                backends.tokenizer, backends.enabled, workers=workers, memory_limit_mb=memory_limit_mb
+            )
+            _shared[backends] = sandbox
+        return sandbox
+
 
 def _rejection(spec: GrammarSpec, failures: list[CompileError]) -> GrammarRejected:
     tried = [f.backend for f in failures]
     details = "; ".join(f"{f.backend}: {f}" for f in failures)
+    last = failures[-1] if failures else None
+    if isinstance(last, CompileTimeout):
+        message = (
+            f"compiling the {describe(spec)} took longer than the {last.deadline_s:g} s deadline "
+            f"({details}); simplify it"
+        )
+        return GrammarRejected(message, tried=tried, unsupported=False, timed_out=True, deadline_s=last.deadline_s)
     unsupported = all(f.unsupported for f in failures)
     if spec.is_json and unsupported:
         message = f"no backend can enforce this JSON Schema (tried {', '.join(tried)}) — {details}"

@@ -69,7 +69,14 @@ class Service:
         self.model_name = settings.served_model_name or loaded.name
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
-        self.grammars = GrammarCache(self.backends)
+        self.grammars = GrammarCache(
+            self.backends,
+            compile_timeout_s=settings.compile_timeout_s,
+            isolate=settings.compile_isolate,
+            workers=settings.compile_workers,
+            memory_limit_mb=settings.compile_memory_limit_mb,
+            timeout_retry_s=settings.compile_timeout_retry_s,
+        )
         self.engine = Engine(
             loaded,
             EngineConfig(
@@ -101,7 +108,8 @@ class Service:
         self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
 
     def start(self) -> None:
-        self.backends.warm_up()  # tokenizer tables are built once, at start, not on a first request
+        # Tokenizer tables (parent and compile workers) are built once, at start, not on a first request.
+        self.grammars.warm_up()
         self.loop.start()
         self._watchdog.start()
         self.ready = True
@@ -111,6 +119,7 @@ class Service:
         self._stopping.set()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close()
 
     def _watch_steps(self) -> None:
         """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
@@ -218,21 +227,26 @@ class Service:
             return self.grammars.compile(spec, backend)
 
         future = loop.run_in_executor(self._compile_pool, work)
+        deadline = self.settings.compile_timeout_s
         try:
-            # The deadline covers compiling, not waiting for a free compile worker.
+            # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
+            # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
             await started.wait()
-            result = await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.compile_timeout_s)
+            result = await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
         except TimeoutError as exc:
+            self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
             raise bad_request(
-                f"compiling the {constraint.spec.kind} constraint took longer than "
-                f"{self.settings.compile_timeout_s:g} s; simplify it",
+                f"compiling the {constraint.spec.kind} constraint took longer than {deadline:g} s; simplify it",
                 param=constraint.source,
                 code="grammar_compile_timeout",
             ) from exc
         except GrammarRejected as exc:
-            raise bad_request(
-                str(exc), param=constraint.source, code="unsupported_schema" if exc.unsupported else "invalid_grammar"
-            ) from exc
+            if exc.timed_out:
+                self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
+                code = "grammar_compile_timeout"
+            else:
+                code = "unsupported_schema" if exc.unsupported else "invalid_grammar"
+            raise bad_request(str(exc), param=constraint.source, code=code) from exc
         self.metrics.cache.labels("hit" if result.cache_hit else "miss").inc()
         if not result.cache_hit:
             self.metrics.compile.labels(result.backend).observe(result.compile_ms / 1000)

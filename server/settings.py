@@ -26,7 +26,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(256, ge=1, description="requests waiting or running before 429")
     default_max_tokens: int = Field(512, ge=1, description="max_tokens when a request gives none")
     compile_timeout_s: float = Field(10.0, gt=0, description="grammar compile deadline")
-    compile_workers: int = Field(2, ge=1, description="threads compiling grammars")
+    compile_workers: int = Field(2, ge=1, description="grammar compile worker processes (and threads)")
+    compile_isolate: bool = Field(True, description="compile in killable worker processes (hard deadline)")
+    compile_memory_limit_mb: int | None = Field(4096, ge=64, description="memory cap per compile worker")
+    compile_timeout_retry_s: float | None = Field(
+        600.0, gt=0, description="a cached compile timeout expires after this many seconds"
+    )
     jump_forward: bool = Field(True, description="append grammar-forced tokens without sampling")
     max_revisions: int = Field(4, ge=0, description="revisions (revision token + dead-end backtracking) per request")
     stall_whitespace_tokens: int = Field(

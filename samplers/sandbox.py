@@ -1,0 +1,493 @@
+"""Grammar compilation in worker processes that can be killed at a deadline.
+
+A native compile (xgrammar, llguidance) cannot be interrupted from Python, and a thread that runs one
+keeps burning a core after its caller gave up. So the expensive part runs in a small pool of worker
+processes; a compile that overruns its deadline is SIGKILLed and its worker replaced.
+
+Design choices:
+- "spawn", never "fork": the server has threads (event loop, engine, compile pool) and forking a
+  threaded process can deadlock the child on a lock some other thread held.
+- Persistent workers (default 2, the server's compile parallelism), each holding every enabled built-in
+  backend: building the tokenizer tables costs seconds (llguidance ~4 s, xgrammar ~1 s for the 128k
+  Llama-3 vocabulary), far too much to pay per compile. A worker reports "ready" only once its tables
+  are built; waiting for that (or for a free worker) is not charged to the compile deadline.
+- A killed worker is replaced at once, so its successor boots in the background.
+- What comes back: the worker compiles under the deadline; the parent then needs its own copy.
+  xgrammar ships small grammars as `CompiledGrammar.serialize_json()` (deserialised with the parent's
+  TokenizerInfo: ~0.1 ms for a choice, ~2 ms for a small schema); for big ones serialising costs more
+  than compiling (see XGRAMMAR_SHIP_LIMIT_BYTES), so the parent compiles again. llguidance has no
+  serialisation; building its matcher takes ms, so the parent always builds it again. Either way the
+  parent repeats only work that just finished within the deadline, so it is bounded: a refusal comes
+  at the deadline, a success within ~2x the deadline at worst.
+- Each worker caps its own address space (RLIMIT_AS) so a compile that explodes in memory fails in the
+  worker instead of waking the OOM killer on the host; and exits when its parent disappears.
+Backends without a codec here (plug-ins, test doubles) compile in the caller's thread as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import resource
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
+from typing import Any, Protocol
+
+from grammars.spec import GrammarKind, GrammarSpec
+from samplers.protocol import CompiledGrammar, CompileError, SamplerBackend, TokenizerSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = 2
+DEFAULT_MEMORY_LIMIT_MB = 4096  # per compile worker, on top of what it holds once ready
+START_TIMEOUT_S = 300.0  # booting a worker (imports + tokenizer tables) on a busy host
+_CTX = multiprocessing.get_context("spawn")
+
+
+class CompileTimeout(CompileError):
+    """The compile overran its deadline; the worker running it was killed."""
+
+    def __init__(self, message: str, *, backend: str, deadline_s: float) -> None:
+        super().__init__(message, backend=backend)
+        self.deadline_s = deadline_s
+
+
+class SandboxUnavailable(RuntimeError):
+    """A worker process could not start; callers fall back to compiling in-process."""
+
+
+class Budget:
+    """Compile seconds left for one request. Only compiling is charged, not waiting for a worker."""
+
+    def __init__(self, seconds: float) -> None:
+        self.total = seconds
+        self.spent = 0.0
+
+    @property
+    def remaining(self) -> float:
+        return self.total - self.spent
+
+    @contextlib.contextmanager
+    def charging(self) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.spent += time.monotonic() - start
+
+
+# -- codecs: how one backend's compiled grammar crosses the process boundary -------------------------------
+
+
+class Codec(Protocol):
+    def handles(self, impl: SamplerBackend) -> bool:
+        """True when `impl` is the class the worker builds for this backend name."""
+
+    def export(self, compiled: CompiledGrammar) -> Any:
+        """In the worker: a picklable payload for `restore`, or None when rebuilding is cheaper."""
+
+    def restore(self, impl: SamplerBackend, spec: GrammarSpec, payload: Any) -> CompiledGrammar:
+        """In the parent: the compiled grammar, equivalent to `impl.compile(spec)`. Without a payload
+        it compiles again in-process: the worker just did the same work within the deadline, so this
+        is bounded (a success can thus take up to ~2x the deadline; a refusal never does)."""
+
+
+# xgrammar's JSON serialisation is slow for grammars with a large token-mask cache: a 1 KB schema
+# (Github_medium/o83393) compiles in 1.1 s, serialises to 15 MB in 1.0 s and deserialises in 0.35 s,
+# while a small schema (0.13 MB in memory) compiles in 17 ms and round-trips in 7 ms. Ship it only
+# while small; otherwise the parent compiles again.
+XGRAMMAR_SHIP_LIMIT_BYTES = 1 << 20
+
+
+class _XGrammarCodec:
+    def __init__(self) -> None:
+        self._info: Any = None
+        self._lock = threading.Lock()
+
+    def handles(self, impl: SamplerBackend) -> bool:
+        from samplers.xgrammar_backend import XGrammarBackend
+
+        return type(impl) is XGrammarBackend
+
+    def export(self, compiled: CompiledGrammar) -> Any:
+        grammar = compiled.grammar  # type: ignore[attr-defined]
+        return grammar.serialize_json() if grammar.memory_size_bytes < XGRAMMAR_SHIP_LIMIT_BYTES else None
+
+    def restore(self, impl: SamplerBackend, spec: GrammarSpec, payload: Any) -> CompiledGrammar:
+        import xgrammar
+
+        from samplers.xgrammar_backend import XGrammarCompiled
+
+        if payload is None:
+            return impl.compile(spec)
+        return XGrammarCompiled(spec, xgrammar.CompiledGrammar.deserialize_json(payload, self._tokenizer_info(impl)))
+
+    def _tokenizer_info(self, impl: SamplerBackend) -> Any:
+        # The backend keeps its TokenizerInfo private; a one-character regex compiles in ~1 ms and
+        # hands it over through xgrammar's public API.
+        with self._lock:
+            if self._info is None:
+                self._info = impl.compile(GrammarSpec(GrammarKind.REGEX, "a")).grammar.tokenizer_info  # type: ignore[attr-defined]
+            return self._info
+
+
+class _LLGuidanceCodec:
+    def handles(self, impl: SamplerBackend) -> bool:
+        from samplers.llguidance_backend import LLGuidanceBackend
+
+        return type(impl) is LLGuidanceBackend
+
+    def export(self, compiled: CompiledGrammar) -> Any:
+        return None
+
+    def restore(self, impl: SamplerBackend, spec: GrammarSpec, payload: Any) -> CompiledGrammar:
+        return impl.compile(spec)  # no serialisation in llguidance; building a matcher takes ms
+
+
+_CODECS: dict[str, Callable[[], Codec]] = {"xgrammar": _XGrammarCodec, "llguidance": _LLGuidanceCodec}
+
+
+# -- the worker process ------------------------------------------------------------------------------------
+
+
+def _worker_main(conn: Connection, tokenizer_blob: bytes, names: list[str], memory_limit_mb: int | None) -> None:
+    from samplers.registry import resolve_factory
+
+    booted = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server; it stops us
+    _exit_with_parent(os.getppid())
+    try:
+        tokenizer: TokenizerSpec = pickle.loads(tokenizer_blob)
+        backends = {name: resolve_factory(name)(tokenizer) for name in names}
+        codecs = {name: _CODECS[name]() for name in names}
+    except BaseException as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    _limit_memory(memory_limit_mb)
+    conn.send(("ready", os.getpid(), time.monotonic() - booted))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        name, spec = job
+        try:
+            reply: tuple[Any, ...] = ("ok", codecs[name].export(backends[name].compile(spec)))
+        except CompileError as exc:  # xgrammar reports an allocation failure as a RuntimeError
+            reply = ("oom",) if "bad_alloc" in str(exc) else ("refused", str(exc), exc.unsupported)
+        except MemoryError:
+            reply = ("oom",)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            reply = ("oom",) if "bad_alloc" in text else ("crashed", text)
+        try:
+            conn.send(reply)
+        except MemoryError:
+            conn.send(("oom",))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A SIGKILLed server leaves no orphan burning a core on a hostile compile."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="corral-parent-watch", daemon=True).start()
+
+
+def _limit_memory(limit_mb: int | None) -> None:
+    if limit_mb is None:
+        return
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return  # not Linux: no cap
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = size_kb * 1024 + limit_mb * 2**20
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+class _Worker:
+    def __init__(self, blob: bytes, names: list[str], memory_limit_mb: int | None, index: int) -> None:
+        self.conn, child = _CTX.Pipe()
+        self.process: SpawnProcess = _CTX.Process(
+            target=_worker_main,
+            args=(child, blob, names, memory_limit_mb),
+            name=f"corral-compile-{index}",
+            daemon=True,  # multiprocessing's atexit hook terminates daemonic children
+        )
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if self.ready:
+            return
+        if not self.conn.poll(timeout_s):
+            raise SandboxUnavailable(f"compile worker did not start within {timeout_s:g} s")
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise SandboxUnavailable(f"compile worker died while starting (exit code {self.process.exitcode})") from exc
+        if message[0] != "ready":
+            raise SandboxUnavailable(f"compile worker failed to start: {message[1]}")
+        log.debug("compile worker %s ready (tables built in %.1f s)", message[1], message[2])
+        self.ready = True
+
+    def request(self, job: tuple[str, GrammarSpec], timeout_s: float) -> tuple[Any, ...] | None:
+        """The worker's reply; None on timeout. Raises EOFError when the worker died."""
+        self.conn.send(job)
+        if not self.conn.poll(max(0.0, timeout_s)):
+            return None
+        reply: tuple[Any, ...] = self.conn.recv()
+        return reply
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(None)
+        self.process.join(1)
+        if self.process.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for worker in list(workers):
+        worker.stop()
+    workers.clear()
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    started: int
+    killed: int
+    crashed: int
+
+
+class CompileSandbox:
+    """A pool of killable compile workers for one tokenizer. Thread-safe; workers start lazily."""
+
+    def __init__(
+        self,
+        tokenizer: TokenizerSpec,
+        names: Sequence[str],
+        *,
+        workers: int = DEFAULT_WORKERS,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("a compile sandbox needs at least one worker")
+        self.tokenizer = tokenizer
+        self.names = [n for n in names if n in _CODECS]
+        self.size = workers
+        self.memory_limit_mb = memory_limit_mb
+        self.start_timeout_s = start_timeout_s
+        self._codecs = {name: _CODECS[name]() for name in self.names}
+        self._blob: bytes | None = None
+        self._workers: list[_Worker] = []  # every live worker, idle or busy
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # notified when a worker joins _idle
+        self._broken: str | None = None
+        self._booting = 0  # workers being spawned, not yet in _workers
+        self._generation = 0  # bumped by close(): a worker that finishes booting after it is stopped
+        self._started = self._killed = self._crashed = 0
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    def handles(self, impl: SamplerBackend) -> bool:
+        codec = self._codecs.get(impl.name)
+        return self._broken is None and codec is not None and codec.handles(impl)
+
+    def start(self) -> None:
+        """Boot the workers now (e.g. at server warm-up) instead of on the first compile; returns at once."""
+        with self._lock:
+            missing = self.size - len(self._workers) - self._booting
+            self._booting += missing
+        for _ in range(missing):
+            self._spawn_in_background()
+
+    def wait_ready(self, count: int | None = None) -> None:
+        """Start the workers and block until `count` of them (default: all) have built their tables."""
+        self.start()
+        taken = [self._acquire() for _ in range(min(count or self.size, self.size))]
+        try:
+            for worker in taken:
+                worker.wait_ready(self.start_timeout_s)
+        finally:
+            for worker in taken:
+                self._release(worker)
+
+    def close(self) -> None:
+        """Stop every worker. A later compile starts fresh ones."""
+        with self._lock:
+            self._generation += 1
+            _stop_all(self._workers)
+            self._idle.clear()
+
+    def pids(self, *, ready_only: bool = False) -> list[int]:
+        """Live workers' process ids (`ready_only`: those done building their tables)."""
+        with self._lock:
+            workers = [w for w in self._workers if not ready_only or w.ready or w.conn.poll(0)]
+            return [w.pid for w in workers if w.pid is not None]
+
+    @property
+    def stats(self) -> SandboxStats:
+        return SandboxStats(self._started, self._killed, self._crashed)
+
+    def compile(self, impl: SamplerBackend, spec: GrammarSpec, budget: Budget) -> CompiledGrammar:
+        """Compile `spec` with `impl`'s twin in a worker. Raises CompileTimeout, CompileError or
+        SandboxUnavailable (the caller then compiles in-process)."""
+        codec = self._codecs[impl.name]
+        worker = self._ready_worker()
+        done = False
+        try:
+            with budget.charging():
+                if budget.remaining <= 0:
+                    reply = None
+                else:
+                    try:
+                        reply = worker.request((impl.name, spec), budget.remaining)
+                    except (EOFError, OSError):
+                        reply = ("died",)
+            if reply is None:
+                self._replace(worker, killed=True)
+                done = True
+                raise CompileTimeout(
+                    f"compiling took longer than the {budget.total:g} s deadline; {impl.name} was stopped",
+                    backend=impl.name,
+                    deadline_s=budget.total,
+                )
+            if reply[0] in ("oom", "crashed", "died"):
+                self._replace(worker, killed=False)
+                done = True
+                raise CompileError(self._failure_text(impl.name, reply, worker), backend=impl.name)
+            self._release(worker)
+            done = True
+            if reply[0] == "refused":
+                raise CompileError(reply[1], backend=impl.name, unsupported=bool(reply[2]))
+            with budget.charging():
+                return codec.restore(impl, spec, reply[1])
+        finally:
+            if not done:  # an unexpected error between acquire and release: do not lose the slot
+                self._replace(worker, killed=True)
+
+    def _failure_text(self, name: str, reply: tuple[Any, ...], worker: _Worker) -> str:
+        if reply[0] == "oom":
+            return f"{name} needed more than {self.memory_limit_mb} MB to compile this grammar"
+        if reply[0] == "crashed":
+            return f"{name} failed on this grammar: {reply[1]}"
+        return f"{name} crashed compiling this grammar (worker exit code {worker.process.exitcode})"
+
+    def _ready_worker(self) -> _Worker:
+        if self._broken is not None:
+            raise SandboxUnavailable(self._broken)
+        self.start()
+        worker = self._acquire()
+        try:
+            worker.wait_ready(self.start_timeout_s)
+        except SandboxUnavailable as exc:
+            # Deterministic (an unpicklable tokenizer, a missing module): stop trying, compile in-process.
+            log.error("grammar compile sandbox unavailable, compiling in-process from now on: %s", exc)
+            self._broken = str(exc)
+            self._replace(worker, killed=False, respawn=False)
+            raise
+        return worker
+
+    def _acquire(self) -> _Worker:
+        """An idle worker, preferring one that has finished booting (a replacement may still be
+        building its tables while another worker is ready)."""
+        with self._freed:
+            while not self._idle:
+                if not self._freed.wait(timeout=1.0) and not self._workers and not self._booting:
+                    self._freed.release()  # after close() the pool refills on demand
+                    try:
+                        self.start()
+                    finally:
+                        self._freed.acquire()
+            for worker in self._idle:
+                if worker.ready or worker.conn.poll(0):
+                    break
+            else:
+                worker = self._idle[0]
+            self._idle.remove(worker)
+            return worker
+
+    def _release(self, worker: _Worker) -> None:
+        with self._freed:
+            if worker in self._workers:  # not stopped by close() meanwhile
+                self._idle.append(worker)
+                self._freed.notify()
+
+    def _spawn(self) -> None:
+        # Process.start() blocks until the child has read its arguments, i.e. until it has imported
+        # this module (torch included, ~2 s): callers that must not wait run this on a thread.
+        try:
+            with self._lock:
+                if self._blob is None:
+                    self._blob = pickle.dumps(self.tokenizer)
+                blob, index, generation = self._blob, self._started, self._generation
+                self._started += 1
+            worker = _Worker(blob, self.names, self.memory_limit_mb, index)
+        except BaseException:
+            with self._lock:
+                self._booting -= 1
+            raise
+        with self._freed:
+            self._booting -= 1
+            stale = generation != self._generation
+            if not stale:
+                self._workers.append(worker)
+                self._idle.append(worker)
+                self._freed.notify()
+        if stale:
+            worker.stop()
+
+    def _replace(self, worker: _Worker, *, killed: bool, respawn: bool = True) -> None:
+        if killed:
+            log.warning("killing compile worker %s", worker.pid)
+        worker.kill()
+        with self._lock:
+            if killed:
+                self._killed += 1
+            else:
+                self._crashed += 1
+            if worker not in self._workers:
+                return  # stopped by close() meanwhile
+            self._workers.remove(worker)
+            if not respawn:
+                return
+            self._booting += 1
+        self._spawn_in_background()
+
+    def _spawn_in_background(self) -> None:
+        # Not a daemon thread: interpreter exit waits for the spawn to finish (~2 s) rather than cut the
+        # child's start-up data short; multiprocessing's exit hook then terminates the child.
+        threading.Thread(target=self._spawn, name="corral-compile-spawn").start()
