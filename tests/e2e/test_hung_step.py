@@ -41,6 +41,7 @@ def test_hung_step_fails_in_flight_requests_and_exits() -> None:
         assert resp.status_code == 503
         assert resp.json()["error"]["code"] == "engine_hung"
         assert elapsed < 6, f"the in-flight request waited {elapsed:.1f} s"
+        print(f"\nhung_step: in-flight request answered 503 after {elapsed:.2f} s (deadline 1 s)")
         assert proc.wait(timeout=15) == 70
         prober.join(timeout=5)
         assert 503 in health_during
