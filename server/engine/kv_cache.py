@@ -68,8 +68,3 @@ class SlotKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._span
-
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy a row's first `length` positions to another slot (used to keep running rows packed)."""
-        for buf in (*self.keys, *self.values):
-            buf[dst, :, :length] = buf[src, :, :length]

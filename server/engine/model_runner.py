@@ -100,6 +100,3 @@ class ModelRunner:
         full = self.model(**inputs, logits_to_keep=0).logits
         gathered: torch.Tensor = full[torch.arange(len(rows), device=self.device), last].float()
         return gathered
-
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        self.cache.move(src, dst, length)
