@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from samplers.contract_guard import ContractGuard
 from samplers.protocol import SamplerBackend, TokenizerSpec
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class BackendSet:
         self.tokenizer = tokenizer
         self.enabled = enabled or backend_names()
         self._instances: dict[str, SamplerBackend] = {}
+        self._guarded: dict[str, SamplerBackend] = {}
         self._lock = threading.Lock()
 
     def check_name(self, name: str) -> None:
@@ -89,6 +91,18 @@ class BackendSet:
                 backend = resolve_factory(name)(self.tokenizer)
                 self._instances[name] = backend
             return backend
+
+    def for_request(self, routed: str, requested: str) -> SamplerBackend:
+        """The backend that serves a request compiled by `routed`: under `auto`, wrapped in the contract
+        guard (an answer can only end when the full schema holds); a named backend as it is."""
+        backend = self.get(routed)
+        if requested != AUTO:
+            return backend
+        with self._lock:
+            guarded = self._guarded.get(routed)
+            if guarded is None:
+                guarded = self._guarded[routed] = ContractGuard(backend, self.tokenizer)
+            return guarded
 
     def warm_up(self) -> None:
         for name in self.enabled:

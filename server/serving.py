@@ -270,7 +270,7 @@ class Service:
             loop.call_soon_threadsafe(outputs.put_nowait, out)
 
         compiled = prepared.compiled
-        backend = self.backends.get(compiled.backend) if compiled else None
+        backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
         seq = Sequence(
             request_id=prepared.request_id,
             prompt_ids=prepared.prompt_ids,
@@ -298,11 +298,13 @@ class Service:
                 self.metrics.requests.labels("abort").inc()
 
     async def run(self, prepared: Prepared) -> Finished:
-        """Generate to the end. With `auto`, an answer that fails the full-contract check is generated
-        once more with the next backend that compiles the spec, so an engine's enforcement gap does
-        not reach the caller; what still fails ends as `invalid_output`, never as `stop`."""
+        """Generate to the end. With `auto`, the contract guard keeps an answer from ending outside the
+        full schema; when that leaves a dead end (or an answer still fails the check), it is generated
+        once more with the next backend that compiles the spec, so one engine's enforcement gap does
+        not reach the caller; what still fails keeps its finish_reason, never `stop`."""
         done = await self._run_once(prepared)
-        if done.finish_reason == INVALID_OUTPUT and prepared.constraint.backend == AUTO and prepared.compiled:
+        retryable = done.finish_reason in (INVALID_OUTPUT, str(Trip.DEAD_END))
+        if retryable and prepared.constraint.backend == AUTO and prepared.compiled:
             retry = await self._fallback(prepared)
             if retry is not None:
                 first_backend = prepared.compiled.backend

@@ -57,7 +57,7 @@ def _compile_to_first_mask(backends: BackendSet, spec: GrammarSpec, backend: str
     except GrammarRejected as exc:
         return CompileOutcome(CompileStatus.REJECTED, error=str(exc), tried=list(exc.tried))
     compiled_at = time.perf_counter()
-    impl = backends.get(result.backend)
+    impl = backends.for_request(result.backend, backend)  # `auto` serves through the contract guard
     matcher = impl.new_matcher(result.compiled)
     matcher.fill_bitmask(allocate_bitmask(1, vocab_size), 0)
     done = time.perf_counter()

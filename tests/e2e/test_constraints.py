@@ -245,3 +245,23 @@ def test_unconstrained_request_has_no_grammar_extra(client: openai.OpenAI) -> No
     extra = resp.model_extra or {}
     assert extra.get("grammar") is None
     assert isinstance(extra.get("timings"), dict)
+
+
+def test_auto_backtracks_out_of_an_answer_only_the_full_schema_rejects(client: openai.OpenAI, server: Any) -> None:
+    """xgrammar relaxes oneOf to anyOf, so "1" (matching both branches) gets through its grammar. Named
+    explicitly, xgrammar answers it and the full-contract check calls it invalid_output; under `auto`
+    the contract guard refuses to end there, the engine backtracks and the answer is "2"."""
+    schema = {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}
+    loaded = server.service.loaded
+    one = loaded.tokenizer.encode("1", add_special_tokens=False)[0]
+    bias = {str(one): 100, str(loaded.revision_token_id): -100}  # push toward "1"; no sampled revisions
+    raw = chat(client, {"json": schema, "backend": "xgrammar"}, logit_bias=bias)
+    assert raw.choices[0].message.content == "1"
+    assert raw.choices[0].finish_reason == "invalid_output"
+    assert grammar_extra(raw)["schema_valid"] is False
+    guarded = chat(client, {"json": schema, "backend": "auto"}, logit_bias=bias)
+    assert finished_text(guarded) == "2"
+    grammar = grammar_extra(guarded)
+    assert grammar["backend"] == "xgrammar"  # llguidance refuses this oneOf
+    assert grammar["schema_valid"] is True
+    assert grammar["revisions"] >= 1  # the dead end after "1" was backed out of
