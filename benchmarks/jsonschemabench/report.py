@@ -96,6 +96,7 @@ def summarize_generate(records: list[dict[str, Any]], subsets: list[str], backen
             "gct_p50_ms": _p50(r.get("gct_ms") for r in declared),
             "ttft_p50_ms": _p50(r.get("ttft_ms") for r in declared),
             "tpot_p50_ms": _p50(r.get("tpot_ms") for r in declared),
+            "finish_reasons": dict(Counter(str(r.get("finish_reason")) for r in declared).most_common()),
         })
     return rows
 
@@ -129,6 +130,16 @@ def keyword_table(rows: list[dict[str, Any]]) -> Table:
                       key=lambda k: -sum(c.get(k, 0) for c in totals.values()))
     backends = list(totals)
     return Table(["keyword", *backends], [[k, *(str(totals[b].get(k, 0)) for b in backends)] for k in keywords])
+
+
+def finish_table(rows: list[dict[str, Any]]) -> Table:
+    """How declared answers ended, over all subsets, one column per backend (watchdog trips included:
+    `dead_end` is where `auto`'s contract guard refused an ending the full schema rejects)."""
+    totals = {row["backend"]: row["finish_reasons"] for row in rows if row["subset"] == ALL}
+    reasons = sorted({k for counts in totals.values() for k in counts},
+                     key=lambda k: (-sum(c.get(k, 0) for c in totals.values()), k))
+    backends = list(totals)
+    return Table(["finish_reason", *backends], [[k, *(str(totals[b].get(k, 0)) for b in backends)] for k in reasons])
 
 
 def generate_table(rows: list[dict[str, Any]]) -> Table:

@@ -25,6 +25,7 @@ from benchmarks.jsonschemabench.generate import (
 from benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks
 from benchmarks.jsonschemabench.report import (
     Table,
+    finish_table,
     generate_table,
     keyword_table,
     masks_table,
@@ -164,7 +165,7 @@ def write_report(config: BenchConfig, store: ResultStore, cases: list[SchemaCase
             files.append(plots.mask_latency_cdf(records, config.backends, out / "mask_latency_cdf.png"))
     else:
         rows = summarize_generate(records, subsets, config.backends)
-        tables = {"Generation": generate_table(rows)}
+        tables = {"Generation": generate_table(rows), "How declared answers ended (all subsets)": finish_table(rows)}
         if rows:
             files.append(plots.coverage_bars(rows, out / "coverage.png",
                                              [("declared_pct", "declared"), ("empirical_pct", "empirical")]))

@@ -15,7 +15,7 @@ from benchmarks.jsonschemabench.compile_timeout import CompileStatus, compile_wi
 from benchmarks.jsonschemabench.conformance import UNLABELLED, failing_keyword, validate_generated
 from benchmarks.jsonschemabench.dataset import load_case, sample_names
 from benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks, serializations
-from benchmarks.jsonschemabench.report import ALL, summarize_generate, summarize_masks
+from benchmarks.jsonschemabench.report import ALL, finish_table, summarize_generate, summarize_masks
 from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 from grammars.spec import GrammarSpec
 from samplers import registry
@@ -223,6 +223,17 @@ def test_coverage_and_compliance_arithmetic() -> None:
     assert row["compliance_pct"] == 40.0
     assert row["finished_compliance_pct"] == round(100 * 2 / 3, 1)
     assert (row["length"], row["compile_timeouts"], row["gen_timeouts"]) == (1, 1, 1)
+    # gen_timeout has no finish_reason: it is declared but ended without one.
+    assert row["finish_reasons"] == {"stop": 3, "length": 1, "None": 1}
+
+
+def test_finish_reason_table_has_a_column_per_backend() -> None:
+    records = [_gen("ok"), _gen("ok", "dead_end"), _gen("ok", "dead_end", subset="T")]
+    records.append({**_gen("ok", "stall"), "backend": "c"})
+    rows = summarize_generate(records, ["S", "T"], ["b", "c"])
+    table = finish_table(rows)
+    assert table.headers == ["finish_reason", "b", "c"]
+    assert table.rows == [["dead_end", "2", "0"], ["stall", "0", "1"], ["stop", "1", "0"]]
 
 
 def test_generated_text_is_judged_with_draft_2020_12_and_formats() -> None:
