@@ -230,3 +230,21 @@ def test_validate_output_choice_and_regex() -> None:
     regex = GrammarSpec.regex(r"[0-9]{2}")
     assert validate_output(regex, "42").valid
     assert not validate_output(regex, "421").valid
+
+
+@pytest.mark.parametrize(
+    ("fmt", "good", "bad"),
+    [
+        ("uri", "https://example.com/a", "not a uri"),
+        ("iri", "https://example.com/ä", "not-an-iri"),
+        ("date-time", "2024-05-01T12:00:00Z", "2024-05-01 noon"),
+        ("hostname", "example.com", "-bad-.host_name"),
+        ("json-pointer", "/a/b", "a/b"),
+    ],
+)
+def test_validate_output_checks_formats_that_need_optional_packages(fmt: str, good: str, bad: str) -> None:
+    """jsonschema skips these formats silently unless the `format-nongpl` extras are installed
+    (pyproject pulls them in); without them the full-contract check would pass anything."""
+    spec = GrammarSpec.json_schema({"type": "string", "format": fmt})
+    assert validate_output(spec, json.dumps(good)).valid
+    assert not validate_output(spec, json.dumps(bad)).valid
