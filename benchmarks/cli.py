@@ -55,6 +55,9 @@ def _add_jsonschemabench(sub: argparse._SubParsersAction[argparse.ArgumentParser
                    help="generate mode: max tokens per answer (default 512)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="generate mode: sampling temperature (default 0, greedy)")
+    p.add_argument("--isolate", action="store_true",
+                   help="masks mode: compile in killable worker processes as the server does (a timeout costs "
+                   "exactly --compile-timeout; GCT then includes shipping the grammar back)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(handler=run_jsonschemabench)
 
@@ -76,7 +79,7 @@ def run_jsonschemabench(args: argparse.Namespace) -> int:
             data=args.data, out=args.out, backends=[b.strip() for b in args.backends.split(",") if b.strip()],
             mode=args.mode, subsets=args.subsets, limit=args.limit, workers=args.workers, tokenizer=args.tokenizer,
             server=args.server, compile_timeout_s=args.compile_timeout, gen_timeout_s=args.gen_timeout,
-            max_tokens=args.max_tokens, temperature=args.temperature,
+            max_tokens=args.max_tokens, temperature=args.temperature, isolate=args.isolate,
         )
         if not config.data.is_dir():
             raise ValueError(f"--data {config.data} is not a directory")

@@ -86,6 +86,7 @@ class MaskContext:
     backends: BackendSet
     tokenizer: TokenizerSpec
     compile_timeout_s: float
+    isolate: bool = False  # compile in killable worker processes, as the server does
 
 
 def encode_instances(case: SchemaCase, tokenizer: TokenizerSpec) -> list[list[list[int]]]:
@@ -99,7 +100,7 @@ def run_masks(ctx: MaskContext, case: SchemaCase, backend: str, encoded: list[li
     record: dict[str, Any] = {"mode": "masks", "subset": case.subset, "schema": case.name, "backend": backend,
                               "meta_valid": meta_valid(case.schema)}
     outcome = compile_with_timeout(ctx.backends, GrammarSpec.json_schema(case.schema), backend,
-                                   ctx.tokenizer.vocab_size, ctx.compile_timeout_s)
+                                   ctx.tokenizer.vocab_size, ctx.compile_timeout_s, isolate=ctx.isolate)
     record.update(as_record(outcome))
     record.update(valid_total=sum(t.valid for t in case.tests), invalid_total=sum(not t.valid for t in case.tests))
     if not outcome.declared or outcome.impl is None or outcome.compiled is None:

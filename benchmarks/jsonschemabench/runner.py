@@ -34,6 +34,7 @@ from benchmarks.jsonschemabench.report import (
 )
 from benchmarks.jsonschemabench.results import ResultStore, record_key
 from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
+from samplers.compilation import GrammarCache
 from samplers.registry import AUTO, BackendSet, backend_names
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class BenchConfig:
     gen_timeout_s: float = 60.0
     max_tokens: int = 512
     temperature: float = 0.0
+    isolate: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -68,6 +70,8 @@ class BenchConfig:
                              f"available: {', '.join(sorted(known))}")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1")
+        if self.isolate and self.mode != "masks":
+            raise ValueError("--isolate only applies to --mode masks (generate compiles as its server does)")
         if self.server and self.mode != "generate":
             raise ValueError("--server only applies to --mode generate")
 
@@ -97,7 +101,9 @@ def run_masks_plan(config: BenchConfig, work: Plan, store: ResultStore, on_recor
     tokenizer = load_tokenizer_spec(config.tokenizer)
     backends = BackendSet(tokenizer)  # every registered backend, so `auto` can route and fall back
     backends.warm_up()  # tokenizer tables once, up front: not part of the first schema's GCT
-    ctx = MaskContext(backends, tokenizer, config.compile_timeout_s)
+    if config.isolate:
+        GrammarCache(backends, isolate=True).warm_up()  # boot the compile workers before timing anything
+    ctx = MaskContext(backends, tokenizer, config.compile_timeout_s, config.isolate)
 
     def one_case(item: tuple[SchemaCase, list[str]]) -> None:
         case, names = item

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,3 +298,22 @@ def test_sample_has_every_subset_in_maskbench_format() -> None:
         for path in files:
             assert {"schema", "tests"} <= set(json.loads(path.read_text()))
     assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) <= 300_000
+
+
+def test_isolated_compile_is_killed_at_the_deadline(backends: BackendSet, tokenizer: TokenizerSpec) -> None:
+    """--isolate: the benchmark compiles in the server's worker processes; a compile past the deadline is
+    killed there (nothing left to drain), and an ordinary schema still compiles and masks."""
+    hostile = {  # anyOf of 10 objects x 20 enum-valued properties x 50 values: ~22 s on xgrammar here
+        "anyOf": [
+            {"type": "object", "properties": {f"k{i}": {"enum": [f"v{j}" for j in range(50)]} for i in range(20)},
+             "required": [f"k{i}" for i in range(20)]}
+            for _ in range(10)
+        ]
+    }
+    vocab = tokenizer.vocab_size
+    ok = compile_with_timeout(backends, GrammarSpec.json_schema(OBJECT_A), "xgrammar", vocab, 10.0, isolate=True)
+    assert ok.status is CompileStatus.OK and ok.gct_ms is not None
+    start = time.perf_counter()
+    slow = compile_with_timeout(backends, GrammarSpec.json_schema(hostile), "xgrammar", vocab, 1.0, isolate=True)
+    assert slow.status is CompileStatus.TIMEOUT and "deadline" in (slow.error or "")
+    assert time.perf_counter() - start < 10.0  # killed near the 1 s deadline, not left to run its ~22 s
