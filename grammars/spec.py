@@ -31,11 +31,21 @@ class GrammarSpec:
 
     kind: GrammarKind
     source: str
+    # The decode-time profile of a JSON Schema: the engine may relax what it cannot enforce (llguidance
+    # lenient + oneOf as anyOf; xgrammar keeps keywords it ignores) because the caller enforces the
+    # full schema where the answer ends (samplers/contract_guard.py). Only `auto` compiles it.
+    decode_safe: bool = False
 
     @property
     def key(self) -> str:
         digest = hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()
-        return f"{self.kind}:{digest[:24]}"
+        return f"{self.kind}:{digest[:24]}" + (":decode_safe" if self.decode_safe else "")
+
+    def relaxed(self) -> GrammarSpec:
+        """The decode-safe profile of this JSON Schema spec (same schema text, relaxed compile)."""
+        if self.kind is not GrammarKind.JSON_SCHEMA:
+            raise ValueError(f"a {self.kind} constraint has no decode-safe profile")
+        return GrammarSpec(self.kind, self.source, decode_safe=True)
 
     @property
     def is_json(self) -> bool:

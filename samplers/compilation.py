@@ -20,7 +20,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from grammars.features import route
+from grammars.features import attempts
 from grammars.lowering import describe
 from grammars.spec import GrammarKind, GrammarSpec
 from grammars.validation import check_regex_hint
@@ -155,9 +155,11 @@ class GrammarCache:
                 with self._lock:
                     self._store(key, cached)
                     if isinstance(cached, GrammarRejected) and cached.timed_out and backend == AUTO:
-                        # The backend that timed out would time out on an explicit request too.
+                        # The backend that timed out would time out on an explicit request too (unless
+                        # it was compiling the decode-safe profile, which a named backend never does).
                         alone = (cached.tried[-1], spec.key)
-                        if alone not in self._entries and alone not in self._pending:
+                        named = alone[0] in self.backends.enabled
+                        if named and alone not in self._entries and alone not in self._pending:
                             self._store(alone, cached)
                     del self._pending[key]
                 future.set_result(cached)
@@ -181,26 +183,29 @@ class GrammarCache:
         self._expiry.pop(key, None)
 
     def _compile_uncached(self, spec: GrammarSpec, backend: str) -> CompiledGrammar | GrammarRejected:
-        names = route(spec, self.backends.enabled) if backend == AUTO else [backend]
+        plan = attempts(spec, self.backends.enabled) if backend == AUTO else [(backend, spec)]
         failures: list[CompileError] = []
         budget = Budget(self.compile_timeout_s)
-        for name in names:
+        for name, variant in plan:
             impl = self.backends.get(name)
-            reason = impl.supports(spec)
+            label = f"{name} (decode-safe)" if variant.decode_safe else name
+            reason = impl.supports(variant)
             if reason is not None:
-                failures.append(CompileError(reason, backend=name, unsupported=True))
+                failures.append(CompileError(reason, backend=label, unsupported=True))
                 continue
             try:
                 t0 = time.perf_counter()
-                compiled = self._compile_one(impl, spec, budget)
-                log.debug("compiled %s with %s in %.1f ms", spec.key, name, (time.perf_counter() - t0) * 1000)
+                compiled = self._compile_one(impl, variant, budget)
+                log.debug("compiled %s with %s in %.1f ms", variant.key, label, (time.perf_counter() - t0) * 1000)
                 return compiled
             except CompileTimeout as exc:
-                log.warning("compiling %s with %s overran the %g s deadline", spec.key, name, exc.deadline_s)
+                log.warning("compiling %s with %s overran the %g s deadline", variant.key, label, exc.deadline_s)
+                exc.backend = label
                 failures.append(exc)
                 break  # the budget is spent; see the module docstring
             except CompileError as exc:
-                log.info("backend %s refused %s: %s", name, spec.key, exc)
+                log.info("backend %s refused %s: %s", label, variant.key, exc)
+                exc.backend = label
                 failures.append(exc)
         return _rejection(spec, failures)
 

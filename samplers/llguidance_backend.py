@@ -30,6 +30,9 @@ JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
     "lenient": False,
 }
+# The decode-safe profile (GrammarSpec.decode_safe, `auto` only, always behind the contract guard):
+# unimplemented keywords and unknown formats are skipped and oneOf is compiled as anyOf.
+RELAXED_JSON_OPTIONS: JsonCompileOptions = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,8 @@ class LLGuidanceBackend:
         try:
             if spec.is_json:
                 schema = spec.schema() if spec.kind is GrammarKind.JSON_SCHEMA else {"type": "object"}
-                return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+                options = RELAXED_JSON_OPTIONS if spec.decode_safe else JSON_OPTIONS
+                return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options))
             if spec.kind is GrammarKind.REGEX:
                 return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
             if spec.kind is GrammarKind.LARK:

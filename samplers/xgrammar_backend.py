@@ -101,8 +101,8 @@ class XGrammarBackend:
         self._batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
 
     def supports(self, spec: GrammarSpec) -> str | None:
-        if spec.kind is not GrammarKind.JSON_SCHEMA:
-            return None
+        if spec.kind is not GrammarKind.JSON_SCHEMA or spec.decode_safe:
+            return None  # decode-safe: the contract guard enforces what xgrammar ignores
         ignored = sorted(schema_features(spec.schema()) & IGNORED_KEYWORDS)
         if ignored:
             return f"xgrammar 0.2.8 does not enforce {', '.join(ignored)}"

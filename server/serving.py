@@ -395,6 +395,8 @@ class Service:
             grammar = {
                 "kind": str(prepared.constraint.spec.kind),
                 "backend": compiled.backend,
+                # decode_safe: the engine compiled a relaxed schema and the contract guard enforced the rest
+                "profile": "decode_safe" if compiled.compiled.spec.decode_safe else "full",
                 "requested_backend": prepared.constraint.backend,
                 "cache_hit": compiled.cache_hit,
                 "schema_valid": check.valid if check and prepared.constraint.spec.is_json else None,

@@ -107,6 +107,7 @@ def as_record(outcome: CompileOutcome) -> dict[str, Any]:
     return {
         "status": str(outcome.status),
         "routed": outcome.backend,
+        "decode_safe": bool(outcome.compiled is not None and outcome.compiled.spec.decode_safe),
         "compile_ms": _round(outcome.compile_ms),
         "first_mask_ms": _round(outcome.first_mask_ms),
         "gct_ms": _round(outcome.gct_ms),

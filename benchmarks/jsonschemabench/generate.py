@@ -36,6 +36,7 @@ class Reply:
     routed: str | None = None
     timings: dict[str, Any] | None = None
     error: str | None = None
+    profile: str | None = None  # `decode_safe` when auto compiled the relaxed schema behind the guard
 
 
 def request_body(case: SchemaCase, backend: str, options: GenerateOptions) -> dict[str, Any]:
@@ -99,7 +100,8 @@ class InProcessGenerator:
             return Reply("gen_timeout", error=f"no answer within {options.gen_timeout_s:g} s")
         extras = service.extras(finished)
         grammar = extras.get("grammar") or {}
-        return Reply("ok", finished.text, finished.finish_reason, grammar.get("backend"), extras.get("timings"))
+        return Reply("ok", finished.text, finished.finish_reason, grammar.get("backend"), extras.get("timings"),
+                     profile=grammar.get("profile"))
 
     async def close(self) -> None:
         self._service.stop()
@@ -133,7 +135,7 @@ class ServerGenerator:
         choice = body["choices"][0]
         grammar = body.get("grammar") or {}
         return Reply("ok", choice["message"].get("content") or "", choice.get("finish_reason"),
-                     grammar.get("backend"), body.get("timings"))
+                     grammar.get("backend"), body.get("timings"), profile=grammar.get("profile"))
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -149,6 +151,7 @@ async def run_generate(
     record: dict[str, Any] = {
         "mode": "generate", "subset": case.subset, "schema": case.name, "backend": backend,
         "status": reply.status, "routed": reply.routed, "error": reply.error,
+        "decode_safe": reply.profile == "decode_safe",
         "finish_reason": reply.finish_reason,
         "gct_ms": timings.get("compile_ms"), "ttft_ms": timings.get("ttft_ms"), "tpot_ms": timings.get("tpot_ms"),
         "wall_ms": round((time.perf_counter() - start) * 1000, 3),

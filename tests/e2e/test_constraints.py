@@ -249,8 +249,9 @@ def test_unconstrained_request_has_no_grammar_extra(client: openai.OpenAI) -> No
 
 def test_auto_backtracks_out_of_an_answer_only_the_full_schema_rejects(client: openai.OpenAI, server: Any) -> None:
     """xgrammar relaxes oneOf to anyOf, so "1" (matching both branches) gets through its grammar. Named
-    explicitly, xgrammar answers it and the full-contract check calls it invalid_output; under `auto`
-    the contract guard refuses to end there, the engine backtracks and the answer is "2"."""
+    explicitly, xgrammar answers it and the full-contract check calls it invalid_output. Under `auto`,
+    llguidance refuses this oneOf, so its decode-safe profile (oneOf as anyOf too) serves it behind the
+    contract guard: the guard refuses to end after "1", the engine backtracks and the answer is "2"."""
     schema = {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}
     loaded = server.service.loaded
     one = loaded.tokenizer.encode("1", add_special_tokens=False)[0]
@@ -262,6 +263,18 @@ def test_auto_backtracks_out_of_an_answer_only_the_full_schema_rejects(client: o
     guarded = chat(client, {"json": schema, "backend": "auto"}, logit_bias=bias)
     assert finished_text(guarded) == "2"
     grammar = grammar_extra(guarded)
-    assert grammar["backend"] == "xgrammar"  # llguidance refuses this oneOf
+    assert (grammar["backend"], grammar["profile"]) == ("llguidance", "decode_safe")
     assert grammar["schema_valid"] is True
     assert grammar["revisions"] >= 1  # the dead end after "1" was backed out of
+
+
+def test_auto_serves_a_keyword_no_engine_enforces(client: openai.OpenAI) -> None:
+    """`not` is refused by both engines by name; `auto` compiles the decode-safe profile and the contract
+    guard enforces `not` where the answer ends, so the answer satisfies the whole schema."""
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 3, "not": {"maxItems": 0}}
+    for seed in range(3):
+        resp = chat(client, {"json": schema, "backend": "auto"}, seed=seed, temperature=0.8)
+        value = json.loads(finished_text(resp))
+        jsonschema.validate(value, schema)  # in particular: not the empty array
+        grammar = grammar_extra(resp)
+        assert (grammar["profile"], grammar["schema_valid"]) == ("decode_safe", True)

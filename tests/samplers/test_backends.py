@@ -259,8 +259,10 @@ def test_unenforceable_schema_names_every_backend_tried(cache: GrammarCache) -> 
     with pytest.raises(GrammarRejected) as info:
         cache.compile(GrammarSpec.json_schema({"$ref": "#/$defs/missing"}), "auto")
     assert info.value.unsupported
-    assert info.value.tried == ["llguidance", "xgrammar"]  # auto's order for JSON
-    assert "tried llguidance, xgrammar" in str(info.value)
+    # auto's order for JSON: each engine's full compile, then its decode-safe profile.
+    tried = ["llguidance", "llguidance (decode-safe)", "xgrammar", "xgrammar (decode-safe)"]
+    assert info.value.tried == tried
+    assert f"tried {', '.join(tried)}" in str(info.value)
 
 
 def test_malformed_ebnf_is_a_rejection_on_llguidance(cache: GrammarCache) -> None:

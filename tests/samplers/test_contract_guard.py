@@ -9,6 +9,7 @@ import torch
 
 from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 from grammars.spec import GrammarSpec
+from samplers.compilation import GrammarCache, GrammarRejected
 from samplers.contract_guard import GuardedMatcher
 from samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
 from samplers.registry import BackendSet
@@ -93,3 +94,29 @@ def test_other_constraint_kinds_are_not_wrapped(backends: BackendSet, tokenizer:
     assert all(matcher.accept_token(t) for t in ids(tokenizer, '{"n": 3}'))
     assert matcher.can_terminate()
     assert bit(fill(guarded, [matcher], [0], tokenizer.vocab_size), 0, tokenizer.stop_token_ids[0])
+
+
+def test_auto_serves_keywords_no_engine_enforces_through_the_decode_safe_profile(backends: BackendSet,
+                                                                                tokenizer: TokenizerSpec) -> None:
+    """Neither engine enforces `not`; auto compiles the decode-safe profile (llguidance lenient) and the
+    guard enforces `not` where the answer would end."""
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 2, "not": {"maxItems": 0}}
+    cache = GrammarCache(backends)
+    with pytest.raises(GrammarRejected):
+        cache.compile(GrammarSpec.json_schema(schema), "llguidance")
+    result = cache.compile(GrammarSpec.json_schema(schema), "auto")
+    assert (result.backend, result.compiled.spec.decode_safe) == ("llguidance", True)
+    guarded = backends.for_request(result.backend, "auto")
+    empty, one = guarded.new_matcher(result.compiled), guarded.new_matcher(result.compiled)
+    assert all(empty.accept_token(t) for t in ids(tokenizer, "[]"))  # the relaxed grammar takes it...
+    assert not empty.can_terminate()  # ...the guard does not let it end
+    assert all(one.accept_token(t) for t in ids(tokenizer, "[7]"))
+    assert one.can_terminate()
+
+
+def test_decode_safe_profile_is_its_own_cache_entry() -> None:
+    full = GrammarSpec.json_schema({"type": "string"})
+    relaxed = full.relaxed()
+    assert relaxed.decode_safe and relaxed.source == full.source and relaxed.key != full.key
+    with pytest.raises(ValueError, match="decode-safe"):
+        GrammarSpec.regex("a+").relaxed()
