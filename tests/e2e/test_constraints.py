@@ -278,3 +278,25 @@ def test_auto_serves_a_keyword_no_engine_enforces(client: openai.OpenAI) -> None
         jsonschema.validate(value, schema)  # in particular: not the empty array
         grammar = grammar_extra(resp)
         assert (grammar["profile"], grammar["schema_valid"]) == ("decode_safe", True)
+
+
+def test_streamed_answer_never_shows_what_the_guard_backed_out_of(client: openai.OpenAI, server: Any) -> None:
+    """Streaming sends only text no remaining revision could retract, so the "1" the guard refuses to end
+    on is never sent; the stream is exactly the final answer."""
+    loaded = server.service.loaded
+    one = loaded.tokenizer.encode("1", add_special_tokens=False)[0]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=20, stream=True,
+        logit_bias={str(one): 100, str(loaded.revision_token_id): -100},
+        extra_body={"structured_outputs": {"json": {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}}},
+    )
+    deltas, reasons, extras = [], [], []
+    for chunk in stream:
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content or "")
+            reasons.append(choice.finish_reason)
+            extras.append((choice.model_extra or {}).get("grammar") or (chunk.model_extra or {}).get("grammar"))
+    assert "".join(deltas) == "2"
+    assert reasons[-1] == "stop"
+    grammar = next(e for e in reversed(extras) if e)
+    assert grammar["revisions"] >= 1 and grammar["schema_valid"] is True
