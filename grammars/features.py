@@ -100,8 +100,4 @@ def attempts(spec: GrammarSpec, available: list[str]) -> list[tuple[str, Grammar
     names = route(spec, available)
     if spec.kind is not GrammarKind.JSON_SCHEMA:
         return [(name, spec) for name in names]
-    relaxed = spec.relaxed()
-    ordered = [(names[0], spec), (names[0], relaxed)] if names else []
-    for name in names[1:]:
-        ordered += [(name, spec), (name, relaxed)]
-    return ordered
+    return [(name, variant) for name in names for variant in (spec, spec.relaxed())]

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real corral server (uvicorn on 127.0.0.1) on the embedded default model."""
+"""Shared fixtures: one real corral server (uvicorn on 127.0.0.1) on the embedded default model, and the
+default model's tokenizer with both built-in backends for tests below the server."""
 
 from __future__ import annotations
 
@@ -80,3 +81,19 @@ def server() -> Iterator[RunningServer]:
 @pytest.fixture()
 def client(server: RunningServer) -> object:
     return server.client()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    """The embedded default model's TokenizerSpec, as `corral serve` sees it."""
+    from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
+
+    return load_tokenizer_spec(None)
+
+
+@pytest.fixture(scope="module")
+def backends(tokenizer: object) -> object:
+    """Both built-in backends over `tokenizer`, per module (each BackendSet owns its compile workers)."""
+    from samplers.registry import BackendSet
+
+    return BackendSet(tokenizer, ["xgrammar", "llguidance"])  # type: ignore[arg-type]

@@ -17,7 +17,6 @@ from benchmarks.jsonschemabench.conformance import UNLABELLED, failing_keyword, 
 from benchmarks.jsonschemabench.dataset import load_case, sample_names
 from benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks, serializations
 from benchmarks.jsonschemabench.report import ALL, finish_table, summarize_generate, summarize_masks
-from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 from grammars.spec import GrammarSpec
 from samplers import registry
 from samplers.protocol import TokenizerSpec
@@ -42,16 +41,6 @@ def write_case(root: Path, subset: str, name: str, schema: Any, tests: list[tupl
     path = folder / f"{name}.json"
     path.write_text(json.dumps(body), encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> TokenizerSpec:
-    return load_tokenizer_spec(None)
-
-
-@pytest.fixture(scope="module")
-def backends(tokenizer: TokenizerSpec) -> BackendSet:
-    return BackendSet(tokenizer, ["xgrammar", "llguidance"])
 
 
 def masks_record(tmp_path: Path, backends: BackendSet, tokenizer: TokenizerSpec, schema: Any,

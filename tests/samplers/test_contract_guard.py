@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 from grammars.spec import GrammarSpec
 from samplers.compilation import GrammarCache, GrammarRejected
 from samplers.contract_guard import GuardedMatcher
@@ -16,16 +15,6 @@ from samplers.registry import BackendSet
 
 # xgrammar 0.2.8 relaxes oneOf to anyOf: "1" matches both branches (so it is invalid), "2" only one.
 ONE_OF: dict[str, Any] = {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> TokenizerSpec:
-    return load_tokenizer_spec(None)
-
-
-@pytest.fixture(scope="module")
-def backends(tokenizer: TokenizerSpec) -> BackendSet:
-    return BackendSet(tokenizer, ["xgrammar", "llguidance"])
 
 
 def ids(tokenizer: TokenizerSpec, text: str) -> list[int]:
