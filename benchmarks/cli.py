@@ -58,6 +58,8 @@ def _add_jsonschemabench(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--isolate", action="store_true",
                    help="masks mode: compile in killable worker processes as the server does (a timeout costs "
                    "exactly --compile-timeout; GCT then includes shipping the grammar back)")
+    p.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                   help="with --isolate: compile worker processes (default: --workers, at least 2)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(handler=run_jsonschemabench)
 
@@ -80,6 +82,7 @@ def run_jsonschemabench(args: argparse.Namespace) -> int:
             mode=args.mode, subsets=args.subsets, limit=args.limit, workers=args.workers, tokenizer=args.tokenizer,
             server=args.server, compile_timeout_s=args.compile_timeout, gen_timeout_s=args.gen_timeout,
             max_tokens=args.max_tokens, temperature=args.temperature, isolate=args.isolate,
+            compile_workers=args.compile_workers,
         )
         if not config.data.is_dir():
             raise ValueError(f"--data {config.data} is not a directory")

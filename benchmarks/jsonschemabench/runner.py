@@ -36,6 +36,7 @@ from benchmarks.jsonschemabench.results import ResultStore, record_key
 from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 from samplers.compilation import GrammarCache
 from samplers.registry import AUTO, BackendSet, backend_names
+from samplers.sandbox import DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class BenchConfig:
     max_tokens: int = 512
     temperature: float = 0.0
     isolate: bool = False
+    compile_workers: int | None = None  # --isolate: compile worker processes (None: see sandbox_workers)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,6 +76,17 @@ class BenchConfig:
             raise ValueError("--isolate only applies to --mode masks (generate compiles as its server does)")
         if self.server and self.mode != "generate":
             raise ValueError("--server only applies to --mode generate")
+        if self.compile_workers is not None:
+            if not self.isolate:
+                raise ValueError("--compile-workers only applies with --isolate")
+            if self.compile_workers < 1:
+                raise ValueError("--compile-workers must be at least 1")
+
+    @property
+    def sandbox_workers(self) -> int:
+        """Compile worker processes under --isolate: as given, else one per thread (at least the server's 2),
+        so no thread waits for a free worker."""
+        return self.compile_workers if self.compile_workers is not None else max(DEFAULT_WORKERS, self.workers)
 
 
 @dataclass
@@ -102,7 +115,8 @@ def run_masks_plan(config: BenchConfig, work: Plan, store: ResultStore, on_recor
     backends = BackendSet(tokenizer)  # every registered backend, so `auto` can route and fall back
     backends.warm_up()  # tokenizer tables once, up front: not part of the first schema's GCT
     if config.isolate:
-        GrammarCache(backends, isolate=True).warm_up()  # boot the compile workers before timing anything
+        # Boot the compile workers before timing anything; the first cache over `backends` sizes the pool.
+        GrammarCache(backends, isolate=True, workers=config.sandbox_workers).warm_up()
     ctx = MaskContext(backends, tokenizer, config.compile_timeout_s, config.isolate)
 
     def one_case(item: tuple[SchemaCase, list[str]]) -> None:

@@ -306,3 +306,19 @@ def test_isolated_compile_is_killed_at_the_deadline(backends: BackendSet, tokeni
     slow = compile_with_timeout(backends, GrammarSpec.json_schema(hostile), "xgrammar", vocab, 1.0, isolate=True)
     assert slow.status is CompileStatus.TIMEOUT and "deadline" in (slow.error or "")
     assert time.perf_counter() - start < 10.0  # killed near the 1 s deadline, not left to run its ~22 s
+
+
+def test_compile_workers_size_the_isolated_pool(tmp_path: Path) -> None:
+    """--isolate: one compile worker per thread by default (at least the server's 2), or --compile-workers."""
+    from benchmarks.jsonschemabench.runner import BenchConfig
+
+    def config(**kwargs: Any) -> BenchConfig:
+        return BenchConfig(data=SAMPLE, out=tmp_path, backends=["xgrammar"], **kwargs)
+
+    assert config(isolate=True).sandbox_workers == 2
+    assert config(isolate=True, workers=16).sandbox_workers == 16
+    assert config(isolate=True, workers=16, compile_workers=4).sandbox_workers == 4
+    with pytest.raises(ValueError, match="only applies with --isolate"):
+        config(compile_workers=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        config(isolate=True, compile_workers=0)
