@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,16 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.serve.server_proc import free_port, wait_healthy
+
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 30.0
 # Takes the compile worker far past the time the test waits before signalling (see test_compile_timeout.py).
 HOSTILE_REGEX = "(a|aa|aaa){1,300}(b|bb){1,300}c"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _state(pid: int) -> str | None:
@@ -65,19 +60,6 @@ def _start(port: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the server exited while starting (status {proc.returncode})"
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become healthy within 180 s")
-
-
 def _post(base: str, structured: dict[str, object]) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "structured_outputs": structured}
     return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
@@ -85,11 +67,11 @@ def _post(base: str, structured: dict[str, object]) -> httpx.Response:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_server_stops_promptly_and_leaves_no_process(sig: signal.Signals) -> None:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start(port)
     try:
-        _wait_healthy(base, proc)
+        wait_healthy(base, 180, proc)
         assert _post(base, {"json": {"type": "object", "properties": {"n": {"type": "integer"}}}}).status_code == 200
         assert _post(base, {"choice": ["yes", "no"], "backend": "xgrammar"}).status_code == 200
         workers = _descendants(proc.pid)
