@@ -7,9 +7,13 @@ revision token the model sampled and for automatic backtracking out of a dead en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from samplers.protocol import Matcher
+
+# Called with the matcher rolled back to the start of a step: is a token other than these allowed there?
+ChoiceProbe = Callable[[set[int]], bool]
 
 
 @dataclass
@@ -39,21 +43,43 @@ class RevisionTracker:
     def can_revise(self) -> bool:
         return self.remaining > 0 and bool(self.units)
 
-    def revise(self, output: list[int], matcher: Matcher | None) -> Revision:
-        """Undo the last step: shorten `output` in place and roll the matcher back with it."""
+    def revise(
+        self, output: list[int], matcher: Matcher | None, has_choice: ChoiceProbe | None = None
+    ) -> Revision | None:
+        """Undo the latest step whose first token had an alternative, with every step after it: shorten
+        `output` in place, roll the matcher back with it and ban that token at its position. A step the
+        grammar dictated (one allowed token, e.g. the opening of a JSON object) cannot go differently, and
+        banning its token would be a dead end at once. `has_choice` answers for the step under the rolled-
+        back matcher; None means every step had a choice. Returns None, changing nothing, when none had."""
         if not self.units:
             raise ValueError("nothing to revise: no output yet")
-        count = self.units.pop()
-        position = len(output) - count
+        position = len(output)
+        for index in range(len(self.units) - 1, -1, -1):
+            count = self.units[index]
+            if matcher is not None:
+                matcher.rollback(count)
+            position -= count
+            banned = output[position]
+            if has_choice is None or has_choice(self.banned_at(position) | {banned}):
+                return self._retract(output, index, position)
+        if matcher is not None:  # every step was dictated: put the matcher back where it was
+            for token in output[position:]:
+                matcher.accept_token(token)
+        return None
+
+    def _retract(self, output: list[int], index: int, position: int) -> Revision:
         banned = output[position]
+        retracted = len(output) - position
         del output[position:]
-        if matcher is not None:
-            matcher.rollback(count)
+        del self.units[index:]
         # Bans further along belonged to the abandoned path; the new one starts clean.
         self.bans = {p: b for p, b in self.bans.items() if p <= position}
-        self.bans.setdefault(position, set()).add(banned)
+        self.ban(position, banned)
         self.revisions += 1
-        return Revision(count, position, banned)
+        return Revision(retracted, position, banned)
+
+    def ban(self, position: int, token: int) -> None:
+        self.bans.setdefault(position, set()).add(token)
 
     def banned_at(self, position: int) -> set[int]:
         return self.bans.get(position, set())

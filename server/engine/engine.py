@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
-from samplers.revision import RevisionTracker
+from samplers.revision import ChoiceProbe, RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
@@ -49,6 +49,7 @@ class Engine:
         self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
         self._bitmask = allocate_bitmask(config.max_batch, loaded.vocab_size)
+        self._probe = allocate_bitmask(1, loaded.vocab_size)  # revisions ask the grammar on this row
         # Masks are filled on this worker while the forward runs on the engine thread; both the
         # engines' fill calls and torch's kernels release the GIL, so the two really overlap.
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
@@ -224,7 +225,14 @@ class Engine:
                 message = f"more than {seq.revision.max_revisions} revisions"
             self._trip(seq, trip_if_unable, message)
             return
-        seq.revision.revise(seq.output_ids, seq.matcher)
+        if seq.revision.revise(seq.output_ids, seq.matcher, self._choice_probe(seq)) is None:
+            if trip_if_unable is Trip.DEAD_END:
+                self._trip(seq, Trip.DEAD_END, "the grammar allows no token here and no revision could recover")
+                return
+            # The model asked to revise, but the grammar dictated every token so far: nothing could go
+            # differently. Refuse it at this position and run the step again.
+            assert self.revise_id is not None
+            seq.revision.ban(len(seq.output_ids), self.revise_id)
         # Re-feed the last kept token: its KV position is rewritten with identical values and its
         # logits are exactly those a fresh prefill of the kept tokens would give.
         kept_last = seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]
@@ -232,6 +240,21 @@ class Engine:
         seq.pending = [kept_last]
         if seq.stall is not None:
             seq.stall.reset()
+
+    def _choice_probe(self, seq: Sequence) -> ChoiceProbe | None:
+        """Whether the grammar, where `seq`'s matcher now stands, allows a token outside `taken` (the
+        revision token aside). Runs only when a revision happens, on a bitmask row of its own."""
+        matcher = seq.matcher
+        if matcher is None:
+            return None  # unconstrained: the whole vocabulary is a choice
+
+        def has_choice(taken: set[int]) -> bool:
+            matcher.fill_bitmask(self._probe, 0)
+            for token in taken | ({self.revise_id} if self.revise_id is not None else set()):
+                _set_bit(self._probe, 0, token, on=False)
+            return bool(self._probe.any())
+
+        return has_choice
 
     def _is_whitespace(self, token: int) -> bool:
         cached = self._whitespace.get(token)
@@ -299,9 +322,10 @@ class Engine:
         self._mask_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _set_bit(bitmask: torch.Tensor, row: int, token: int) -> None:
+def _set_bit(bitmask: torch.Tensor, row: int, token: int, on: bool = True) -> None:
     word, bit = divmod(token, 32)
-    value = int(bitmask[row, word].item()) | (1 << bit)
+    current = int(bitmask[row, word].item()) & 0xFFFFFFFF
+    value = current | (1 << bit) if on else current & ~(1 << bit)
     bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value  # keep it a valid int32
 
 

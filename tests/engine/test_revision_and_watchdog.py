@@ -249,3 +249,57 @@ def test_mask_budget_overruns_end_the_request(loaded: LoadedModel) -> None:
     run_until_done(engine, [seq])
     assert seq.finish_reason == str(Trip.MASK_TIMEOUT)
     assert len(seq.stats.mask_us) == 3  # three fills, each over budget; the third passes the limit of 2
+
+
+class _ScriptedMatcher(_DeadEndMatcher):
+    """Allowed tokens given by `script(prefix)`; complete once `length` tokens are in."""
+
+    def __init__(self, script: Any, length: int) -> None:
+        super().__init__(0, 0, 0)
+        self.script, self.length = script, length
+
+    def _allowed(self) -> list[int]:
+        return [] if len(self.tokens) >= self.length else list(self.script(tuple(self.tokens)))
+
+    def is_terminated(self) -> bool:
+        return len(self.tokens) == self.length
+
+    def can_terminate(self) -> bool:
+        return self.is_terminated()
+
+
+def _tokens(loaded: LoadedModel, *texts: str) -> list[int]:
+    return [loaded.tokenizer.encode(t, add_special_tokens=False)[0] for t in texts]
+
+
+def test_a_revision_of_tokens_the_grammar_dictated_is_refused(loaded: LoadedModel) -> None:
+    """Seen on a random 8B model: `{"x": <number>, ...}` opens with tokens the grammar dictates; the model
+    asked to revise right after them, the revision banned the only allowed first token, and the answer
+    ended `dead_end` with no output. Now the revision is refused there and the answer goes on."""
+    engine = make_engine(loaded)
+    x, y = _tokens(loaded, "X", "Y")
+    seq, _ = new_seq(loaded, "dictated", max_tokens=20, logit_bias={loaded.revision_token_id or 0: 100.0})
+    seq.matcher = _ScriptedMatcher(lambda prefix: [(x, y)[len(prefix)]], 2)  # type: ignore[assignment]
+    seq.backend = _PlainBackend()  # type: ignore[assignment]
+    engine.add_request(seq)
+    run_until_done(engine, [seq])
+    assert (seq.finish_reason, seq.output_ids, seq.revision.revisions) == ("stop", [x, y], 0)
+    assert loaded.revision_token_id in seq.revision.banned_at(1)  # asked for at position 1, refused there
+
+
+def test_backtracking_takes_back_the_last_real_choice_in_one_revision(loaded: LoadedModel) -> None:
+    """A dead end after a dictated token goes back to the choice before it (A), not just to the dictated
+    token (which would dead-end again and spend a second revision)."""
+    engine = make_engine(loaded)
+    a, b, c, d = _tokens(loaded, "A", "B", "C", "D")
+
+    def script(prefix: tuple[int, ...]) -> list[int]:
+        return [[a, b], [c], [] if prefix[:1] == (a,) else [d]][len(prefix)]
+
+    seq, _ = new_seq(loaded, "skip", max_tokens=20, max_revisions=1,
+                     logit_bias={a: 50.0, b: -50.0, loaded.revision_token_id or 0: -100.0})
+    seq.matcher = _ScriptedMatcher(script, 3)  # type: ignore[assignment]
+    seq.backend = _PlainBackend()  # type: ignore[assignment]
+    engine.add_request(seq)
+    run_until_done(engine, [seq])
+    assert (seq.finish_reason, seq.output_ids, seq.revision.revisions) == ("stop", [b, c, d], 1)
