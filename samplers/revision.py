@@ -50,11 +50,13 @@ class RevisionTracker:
         `output` in place, roll the matcher back with it and ban that token at its position. A step the
         grammar dictated (one allowed token, e.g. the opening of a JSON object) cannot go differently, and
         banning its token would be a dead end at once. `has_choice` answers for the step under the rolled-
-        back matcher; None means every step had a choice. Returns None, changing nothing, when none had."""
+        back matcher; None means every step had a choice. Each step taken back counts as one revision, so
+        a search never reaches past the last `remaining` steps (what `stable_tokens` keeps from streaming).
+        Returns None, changing nothing, when none of those steps had a choice."""
         if not self.units:
             raise ValueError("nothing to revise: no output yet")
         position = len(output)
-        for index in range(len(self.units) - 1, -1, -1):
+        for index in range(len(self.units) - 1, max(-1, len(self.units) - 1 - self.remaining), -1):
             count = self.units[index]
             if matcher is not None:
                 matcher.rollback(count)
@@ -71,11 +73,11 @@ class RevisionTracker:
         banned = output[position]
         retracted = len(output) - position
         del output[position:]
+        self.revisions += len(self.units) - index
         del self.units[index:]
         # Bans further along belonged to the abandoned path; the new one starts clean.
         self.bans = {p: b for p, b in self.bans.items() if p <= position}
         self.ban(position, banned)
-        self.revisions += 1
         return Revision(retracted, position, banned)
 
     def ban(self, position: int, token: int) -> None:

@@ -287,19 +287,20 @@ def test_a_revision_of_tokens_the_grammar_dictated_is_refused(loaded: LoadedMode
     assert loaded.revision_token_id in seq.revision.banned_at(1)  # asked for at position 1, refused there
 
 
-def test_backtracking_takes_back_the_last_real_choice_in_one_revision(loaded: LoadedModel) -> None:
-    """A dead end after a dictated token goes back to the choice before it (A), not just to the dictated
-    token (which would dead-end again and spend a second revision)."""
+def test_backtracking_goes_past_a_dictated_token_to_the_choice_before_it(loaded: LoadedModel) -> None:
+    """A dead end after a dictated token (C) takes back C and the choice before it (A) together: one
+    revision per step taken back, so what streaming already showed stays shown."""
     engine = make_engine(loaded)
     a, b, c, d = _tokens(loaded, "A", "B", "C", "D")
 
     def script(prefix: tuple[int, ...]) -> list[int]:
         return [[a, b], [c], [] if prefix[:1] == (a,) else [d]][len(prefix)]
 
-    seq, _ = new_seq(loaded, "skip", max_tokens=20, max_revisions=1,
+    seq, _ = new_seq(loaded, "skip", max_tokens=20, max_revisions=2,
                      logit_bias={a: 50.0, b: -50.0, loaded.revision_token_id or 0: -100.0})
     seq.matcher = _ScriptedMatcher(script, 3)  # type: ignore[assignment]
     seq.backend = _PlainBackend()  # type: ignore[assignment]
     engine.add_request(seq)
     run_until_done(engine, [seq])
-    assert (seq.finish_reason, seq.output_ids, seq.revision.revisions) == ("stop", [b, c, d], 1)
+    assert (seq.finish_reason, seq.output_ids, seq.revision.revisions) == ("stop", [b, c, d], 2)
+    assert c not in seq.revision.banned_at(1)
