@@ -34,12 +34,16 @@ class SlotKVCache:
         self._starts: torch.Tensor | None = None
         self._span = 0
         self._q_len = 1
+        self._rows: list[tuple[int, int]] = []
 
     def bind(self, slots: list[int], starts: list[int], q_len: int, device: torch.device) -> int:
         """Say which rows the next forward writes: row i goes to slot `slots[i]` from `starts[i]`.
         Returns the key length the attention will see."""
         self._slots = torch.tensor(slots, device=device)
         self._starts = torch.tensor(starts, device=device)
+        # Host copies for the per-row writes of multi-token rows: reading the device tensors there would
+        # synchronise with the GPU once per row and layer.
+        self._rows = list(zip(slots, starts, strict=True))
         self._q_len = q_len
         self._span = max(starts) + q_len
         self._contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
@@ -57,8 +61,7 @@ class SlotKVCache:
             k_buf[self._slots, :, self._starts] = key_states[:, :, 0].to(k_buf.dtype)
             v_buf[self._slots, :, self._starts] = value_states[:, :, 0].to(v_buf.dtype)
         else:
-            for row in range(key_states.shape[0]):
-                slot, start = int(self._slots[row]), int(self._starts[row])
+            for row, (slot, start) in enumerate(self._rows):
                 k_buf[slot, :, start : start + self._q_len] = key_states[row].to(k_buf.dtype)
                 v_buf[slot, :, start : start + self._q_len] = value_states[row].to(v_buf.dtype)
         if self._contiguous:  # a view, no copy
