@@ -22,9 +22,9 @@ ITEM_SEPARATOR, KEY_SEPARATOR = ", ", ": "
 
 
 def serializations(value: Any) -> list[str]:
-    """The compact texts to try for one instance. corral canonicalises schemas with sorted keys and both
-    engines emit declared properties in schema order, so sorted keys come first; the data set's own
-    order is the fallback (additional properties may have to follow the declared ones)."""
+    """The compact texts to try for one instance: sorted keys first, then the data set's own order.
+    The engines emit declared properties in the schema's order, which neither needs to match: such an
+    instance counts as refused (a soundness failure the engine would not have in declared order)."""
     seps = (ITEM_SEPARATOR, KEY_SEPARATOR)
     ordered = json.dumps(value, sort_keys=True, separators=seps, ensure_ascii=False)
     original = json.dumps(value, separators=seps, ensure_ascii=False)
