@@ -31,6 +31,7 @@ from samplers.sandbox import (
     DEFAULT_WORKERS,
     Budget,
     CompileSandbox,
+    CompileStopped,
     CompileTimeout,
     SandboxUnavailable,
 )
@@ -115,10 +116,11 @@ class GrammarCache:
         if self.sandbox is not None:
             self.sandbox.wait_ready()
 
-    def close(self) -> None:
-        """Stop the compile workers (a later compile starts fresh ones)."""
+    def close(self, *, final: bool = False) -> None:
+        """Stop the compile workers. A later compile starts fresh ones, unless `final` (the server is
+        stopping): then compiles in flight and later ones are refused at once."""
         if self.sandbox is not None:
-            self.sandbox.close()
+            self.sandbox.close(final=final)
 
     def compile(self, spec: GrammarSpec, backend: str = AUTO) -> CompileResult:
         """Blocking; call from a worker thread. Raises GrammarRejected."""
@@ -198,6 +200,9 @@ class GrammarCache:
                 compiled = self._compile_one(impl, variant, budget)
                 log.debug("compiled %s with %s in %.1f ms", variant.key, label, (time.perf_counter() - t0) * 1000)
                 return compiled
+            except CompileStopped as exc:
+                failures.append(exc)
+                break  # shutting down: no further attempt either
             except CompileTimeout as exc:
                 log.warning("compiling %s with %s overran the %g s deadline", variant.key, label, exc.deadline_s)
                 exc.backend = label

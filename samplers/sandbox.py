@@ -61,6 +61,10 @@ class CompileTimeout(CompileError):
         self.deadline_s = deadline_s
 
 
+class CompileStopped(CompileError):
+    """The sandbox was shut down (the server is stopping): no compile starts or finishes any more."""
+
+
 class SandboxUnavailable(RuntimeError):
     """A worker process could not start; callers fall back to compiling in-process."""
 
@@ -317,6 +321,7 @@ class CompileSandbox:
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # notified when a worker joins _idle
         self._broken: str | None = None
+        self._closed = False  # close(final=True): refuse compiles instead of starting workers again
         self._booting = 0  # workers being spawned, not yet in _workers
         self._generation = 0  # bumped by close(): a worker that finishes booting after it is stopped
         self._started = self._killed = self._crashed = 0
@@ -329,6 +334,8 @@ class CompileSandbox:
     def start(self) -> None:
         """Boot the workers now (e.g. at server warm-up) instead of on the first compile; returns at once."""
         with self._lock:
+            if self._closed:
+                return
             missing = self.size - len(self._workers) - self._booting
             self._booting += missing
         for _ in range(missing):
@@ -337,7 +344,8 @@ class CompileSandbox:
     def wait_ready(self, count: int | None = None) -> None:
         """Start the workers and block until `count` of them (default: all) have built their tables."""
         self.start()
-        taken = [self._acquire() for _ in range(min(count or self.size, self.size))]
+        acquired = [self._acquire() for _ in range(min(count or self.size, self.size))]
+        taken = [worker for worker in acquired if worker is not None]
         try:
             for worker in taken:
                 worker.wait_ready(self.start_timeout_s)
@@ -345,9 +353,12 @@ class CompileSandbox:
             for worker in taken:
                 self._release(worker)
 
-    def close(self) -> None:
-        """Stop every worker. A later compile starts fresh ones."""
+    def close(self, *, final: bool = False) -> None:
+        """Stop every worker. A later compile starts fresh ones, unless `final` (a server stopping): then
+        compiles in flight end with CompileStopped at once instead of booting workers for their next
+        attempt, and so does every later one."""
         with self._lock:
+            self._closed = self._closed or final
             self._generation += 1
             _stop_all(self._workers)
             self._idle.clear()
@@ -366,7 +377,7 @@ class CompileSandbox:
         """Compile `spec` with `impl`'s twin in a worker. Raises CompileTimeout, CompileError or
         SandboxUnavailable (the caller then compiles in-process)."""
         codec = self._codecs[impl.name]
-        worker = self._ready_worker()
+        worker = self._ready_worker(impl.name)
         done = False
         try:
             with budget.charging():
@@ -388,6 +399,8 @@ class CompileSandbox:
             if reply[0] in ("oom", "crashed", "died"):
                 self._replace(worker, killed=False)
                 done = True
+                if self._closed:  # killed by close(final=True), not by the grammar
+                    raise CompileStopped("compiling stopped: the server is shutting down", backend=impl.name)
                 raise CompileError(self._failure_text(impl.name, reply, worker), backend=impl.name)
             self._release(worker)
             done = True
@@ -406,11 +419,13 @@ class CompileSandbox:
             return f"{name} failed on this grammar: {reply[1]}"
         return f"{name} crashed compiling this grammar (worker exit code {worker.process.exitcode})"
 
-    def _ready_worker(self) -> _Worker:
+    def _ready_worker(self, name: str) -> _Worker:
         if self._broken is not None:
             raise SandboxUnavailable(self._broken)
         self.start()
         worker = self._acquire()
+        if worker is None:
+            raise CompileStopped("compiling stopped: the server is shutting down", backend=name)
         try:
             worker.wait_ready(self.start_timeout_s)
         except SandboxUnavailable as exc:
@@ -421,11 +436,13 @@ class CompileSandbox:
             raise
         return worker
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self) -> _Worker | None:
         """An idle worker, preferring one that has finished booting (a replacement may still be
-        building its tables while another worker is ready)."""
+        building its tables while another worker is ready); None once closed for good."""
         with self._freed:
             while not self._idle:
+                if self._closed:
+                    return None
                 if not self._freed.wait(timeout=1.0) and not self._workers and not self._booting:
                     self._freed.release()  # after close() the pool refills on demand
                     try:

@@ -53,7 +53,15 @@ def serve(args: argparse.Namespace) -> int:
     service = Service(settings, loaded)
     service.start()
     logging.getLogger("corral").info("serving %s on http://%s:%d", service.model_name, settings.host, settings.port)
-    uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    # Bounded drain: without a limit uvicorn waits for every open request, e.g. a compile under a long
+    # deadline or a long generation, and `docker stop` would end in SIGKILL.
+    uvicorn.run(
+        create_app(service),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+    )
     return 0
 
 

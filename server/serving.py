@@ -119,7 +119,7 @@ class Service:
         self._stopping.set()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
-        self.grammars.close()
+        self.grammars.close(final=True)
 
     def _watch_steps(self) -> None:
         """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
@@ -227,6 +227,9 @@ class Service:
             return self.grammars.compile(spec, backend)
 
         future = loop.run_in_executor(self._compile_pool, work)
+        # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
+        # does not report it as never retrieved; the result is cached by GrammarCache anyway.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
         deadline = self.settings.compile_timeout_s
         try:
             # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up

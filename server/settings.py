@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     exit_on_hung_step: bool = Field(
         True, description="exit (for a supervisor to restart) after failing in-flight requests of a hung step"
     )
+    shutdown_timeout_s: int = Field(
+        5, ge=0, description="on SIGINT/SIGTERM, how long in-flight requests may still finish before they are cut"
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores but one, left to masks and HTTP)"
     )

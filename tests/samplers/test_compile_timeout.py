@@ -310,3 +310,28 @@ def test_close_stops_every_worker(sandbox: CompileSandbox, xgr_sandbox: CompileS
             thread.join(30)
     assert sandbox.pids() == []
     # (Other tests' servers in the same process may own compile workers too, so only these are checked.)
+
+
+def test_final_close_ends_compiles_in_flight_and_refuses_new_ones(
+    tokenizer_spec: TokenizerSpec, backend_set: BackendSet
+) -> None:
+    """A stopping server: the compile running in a worker ends at once, `auto` tries no further backend
+    (which would boot workers again and hold the exit up for seconds), and no later compile starts one."""
+    box = CompileSandbox(tokenizer_spec, ["xgrammar"], workers=1)
+    box.wait_ready()
+    cache = GrammarCache(backend_set, compile_timeout_s=60, sandbox=box)
+    outcome: list[tuple[GrammarRejected, float]] = []
+    thread = threading.Thread(target=lambda: outcome.append(timed_refusal(cache, GrammarSpec.regex(_COUNTED), "auto")))
+    thread.start()
+    time.sleep(1.0)  # inside the hostile compile
+    spawns = sum(t.name == "corral-compile-spawn" for t in threading.enumerate())
+    closed_at = time.perf_counter()
+    box.close(final=True)
+    thread.join(30)
+    assert not thread.is_alive()
+    error, _ = outcome[0]
+    assert "shutting down" in str(error) and error.tried == ["xgrammar"]
+    assert time.perf_counter() - closed_at < 10
+    assert box.pids() == [] and sum(t.name == "corral-compile-spawn" for t in threading.enumerate()) <= spawns
+    later, elapsed = timed_refusal(cache, GrammarSpec.regex("a+b"), "xgrammar")
+    assert "shutting down" in str(later) and elapsed < 1.0
