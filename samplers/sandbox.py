@@ -65,6 +65,9 @@ class CompileStopped(CompileError):
     """The sandbox was shut down (the server is stopping): no compile starts or finishes any more."""
 
 
+STOPPED = "compiling stopped: the server is shutting down"
+
+
 class SandboxUnavailable(RuntimeError):
     """A worker process could not start; callers fall back to compiling in-process."""
 
@@ -362,6 +365,7 @@ class CompileSandbox:
             self._generation += 1
             _stop_all(self._workers)
             self._idle.clear()
+            self._freed.notify_all()  # waiters for a worker see the close at once
 
     def pids(self, *, ready_only: bool = False) -> list[int]:
         """Live workers' process ids (`ready_only`: those done building their tables)."""
@@ -400,7 +404,7 @@ class CompileSandbox:
                 self._replace(worker, killed=False)
                 done = True
                 if self._closed:  # killed by close(final=True), not by the grammar
-                    raise CompileStopped("compiling stopped: the server is shutting down", backend=impl.name)
+                    raise CompileStopped(STOPPED, backend=impl.name)
                 raise CompileError(self._failure_text(impl.name, reply, worker), backend=impl.name)
             self._release(worker)
             done = True
@@ -425,7 +429,7 @@ class CompileSandbox:
         self.start()
         worker = self._acquire()
         if worker is None:
-            raise CompileStopped("compiling stopped: the server is shutting down", backend=name)
+            raise CompileStopped(STOPPED, backend=name)
         try:
             worker.wait_ready(self.start_timeout_s)
         except SandboxUnavailable as exc:
