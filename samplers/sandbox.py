@@ -242,6 +242,8 @@ class _Worker:
         self.process.start()
         child.close()
         self.ready = False
+        # close() (server stopping) and the compile thread that sees the worker die both end it: close once.
+        self._closing = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -273,7 +275,7 @@ class _Worker:
         with contextlib.suppress(OSError):
             self.process.kill()
         self.process.join(5)
-        self.conn.close()
+        self._close_conn()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -282,7 +284,12 @@ class _Worker:
         if self.process.is_alive():
             self.kill()
         else:
-            self.conn.close()
+            self._close_conn()
+
+    def _close_conn(self) -> None:
+        with self._closing:
+            if not self.conn.closed:
+                self.conn.close()
 
 
 def _stop_all(workers: list[_Worker]) -> None:
