@@ -28,6 +28,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(flag, dest=name, type=Path, default=None, metavar="DIR", help=help_text)
         elif name == "device":
             p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
+        elif name == "model_impl":
+            p.add_argument(flag, dest=name, choices=["auto", "corral", "transformers"], default=None, help=help_text)
         else:
             p.add_argument(flag, dest=name, default=None, help=help_text)
 
@@ -45,7 +47,11 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         loaded = load_model(
-            settings.model, device=settings.device, dtype=settings.dtype, revision_token=settings.revision_token
+            settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            revision_token=settings.revision_token,
+            model_impl=settings.model_impl,
         )
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)

@@ -58,8 +58,20 @@ class Metrics:
         self.trips = Counter(
             "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r
         )
+        self.prefix_queried = Counter(
+            "corral_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Counter(
+            "corral_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose KV was reused from the prefix cache",
+            registry=r,
+        )
         self.running = Gauge("corral_running_requests", "Sequences in the running batch", registry=r)
         self.waiting = Gauge("corral_waiting_requests", "Sequences waiting for a batch slot", registry=r)
+
+    def prefix_lookup(self, queried: int, hit: int) -> None:
+        self.prefix_queried.inc(queried)
+        self.prefix_hits.inc(hit)
 
     def bind_gauges(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
         self.running.set_function(running)

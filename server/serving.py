@@ -85,6 +85,7 @@ class Service:
                 jump_forward=settings.jump_forward,
                 revision_token_id=loaded.revision_token_id,
                 max_revisions=settings.max_revisions,
+                prefix_cache=settings.prefix_cache,
                 limits=WatchdogLimits(
                     whitespace_run=settings.stall_whitespace_tokens,
                     repeat_window=settings.stall_repeat_tokens,
@@ -100,6 +101,7 @@ class Service:
         self.ready = False
         self.metrics = Metrics()
         self.engine.on_trip = lambda kind: self.metrics.trips.labels(kind).inc()
+        self.engine.runner.prefix.on_lookup = self.metrics.prefix_lookup
         self.healthy = True
         self.exit_process: Callable[[int], None] = os._exit  # replaced in tests
         self._watchdog = threading.Thread(target=self._watch_steps, name="corral-step-watchdog", daemon=True)

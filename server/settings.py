@@ -18,6 +18,10 @@ class Settings(BaseSettings):
     port: int = 8000
     device: Literal["cpu", "cuda"] | None = Field(None, description="default: cuda if available, else cpu")
     dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
+    model_impl: Literal["auto", "corral", "transformers"] = Field(
+        "auto", description="decoder: corral's own (Llama family), transformers, or auto (corral where supported)"
+    )
+    prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(
         None, description="token text of the revision token (default: <|revise|> if present)"
     )

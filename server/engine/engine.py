@@ -32,6 +32,7 @@ class EngineConfig:
     revision_token_id: int | None = None  # None: revision by token is off (backtracking still works)
     max_revisions: int = 4
     limits: WatchdogLimits = field(default_factory=WatchdogLimits)
+    prefix_cache: bool = True  # reuse KV of prompt prefixes already computed (server/engine/prefix_cache.py)
 
 
 class Engine:
@@ -42,8 +43,11 @@ class Engine:
         self.loaded = loaded
         self.config = config
         self.max_len = min(config.max_model_len, loaded.context_length)
-        self.runner = ModelRunner(loaded, max_batch=config.max_batch, max_len=self.max_len)
-        self.scheduler = Scheduler(config.max_batch)
+        self.runner = ModelRunner(
+            loaded, max_batch=config.max_batch, max_len=self.max_len, prefix_cache=config.prefix_cache
+        )
+        # Admission places each prompt in a slot and starts it after its cached prefix.
+        self.scheduler = Scheduler(config.max_batch, placer=self.runner.prefix)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = frozenset(loaded.stop_token_ids)
         self.revise_id = config.revision_token_id

@@ -71,3 +71,8 @@ class SlotKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._span
+
+    def copy_positions(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy the KV of positions [start, end) from slot `src` to slot `dst` (a prefix-cache hit)."""
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, start:end] = buf[src, :, start:end]

@@ -1,17 +1,27 @@
-"""Owns the model and its KV cache; turns a batch of rows into next-token logits."""
+"""Owns the model and its KV cache; turns a batch of rows into next-token logits.
+
+Two forwards sit behind one `ModelRunner.forward(rows)`: corral's own decoder for the Llama family
+(server/models/llama_family.py, every row's tokens packed into one batch, KV attended in place) and
+transformers' model for every other architecture (rows padded into a shared forward over a slot cache).
+Both keep one KV region per slot, so the prefix cache (server/engine/prefix_cache.py) serves both.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, Protocol
 
 import torch
 
 from server.engine.kv_cache import SlotKVCache
+from server.engine.prefix_cache import KVCopier, PrefixCache
+from server.engine.slot_attention import InPlaceKVCache
 from server.models import LoadedModel
+from server.models.llama_family import LlamaFamilyModel
 
-SHARED_FORWARD_MAX = 32  # rows feeding up to this many tokens join the shared (padded) forward
+SHARED_FORWARD_MAX = 32  # transformers path: rows feeding up to this many tokens join the shared (padded) forward
 
 
 @dataclass(frozen=True)
@@ -23,9 +33,69 @@ class ForwardRow:
     tokens: Sequence[int]
 
 
+class _Forward(Protocol):
+    @property
+    def cache(self) -> KVCopier: ...
+
+    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor: ...
+
+
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, *, max_batch: int, max_len: int) -> None:
+    def __init__(self, loaded: LoadedModel, *, max_batch: int, max_len: int, prefix_cache: bool = True) -> None:
         self.loaded = loaded
+        self.device = loaded.device
+        self.max_len = max_len
+        impl: _Forward
+        if isinstance(loaded.model, LlamaFamilyModel):
+            impl = PackedForward(loaded.model, max_batch=max_batch, max_len=max_len, device=loaded.device)
+        else:
+            impl = TransformersForward(loaded, max_batch=max_batch, max_len=max_len)
+        self._impl = impl
+        self.cache = impl.cache
+        self.prefix = PrefixCache(max_batch, impl.cache, enabled=prefix_cache)
+
+    @torch.inference_mode()
+    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
+        """Float32 logits [len(rows), V] for the last fed token of each row."""
+        logits = self._impl.forward(rows)
+        for row in rows:
+            self.prefix.written(row.slot, row.start, row.tokens)
+        return logits
+
+
+class PackedForward:
+    """corral's decoder: all rows' new tokens in one [T, hidden] pack; attention per slot, in place."""
+
+    def __init__(self, model: LlamaFamilyModel, *, max_batch: int, max_len: int, device: torch.device) -> None:
+        self.model = model
+        shape = model.shape
+        self.cache = InPlaceKVCache(
+            num_layers=shape.num_layers,
+            num_slots=max_batch,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            max_len=max_len,
+            dtype=model.embed.dtype,
+            device=device,
+        )
+        self.device = device
+
+    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
+        counts = [len(r.tokens) for r in rows]
+        starts = [r.start for r in rows]
+        plan = self.cache.plan([r.slot for r in rows], starts, counts)
+        input_ids = torch.tensor(list(chain.from_iterable(r.tokens for r in rows)), device=self.device)
+        positions = plan.write_index % self.cache.max_len
+        last = torch.tensor(counts, device=self.device).cumsum(0) - 1
+        logits: torch.Tensor = self.model(input_ids, positions, last, self.cache)
+        return logits
+
+
+class TransformersForward:
+    """Any transformers causal LM: decode rows share one forward padded to the longest; long prompts run alone."""
+
+    def __init__(self, loaded: LoadedModel, *, max_batch: int, max_len: int) -> None:
         self.model = loaded.model
         self.device = loaded.device
         config: Any = loaded.model.config
@@ -49,12 +119,7 @@ class ModelRunner:
             device=self.device,
         )
 
-    @torch.inference_mode()
     def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
-        """Float32 logits [len(rows), V] for the last fed token of each row.
-
-        Decode rows (one token, or a token plus its forced continuation) share one forward, padded to
-        the longest; a long prompt runs on its own so it never makes the others pad to its length."""
         out: list[torch.Tensor | None] = [None] * len(rows)
         shared = [
             i

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from server.engine.sequence import SeqStatus, Sequence
 
 
+class SlotPlacer(Protocol):
+    """Chooses a free KV slot for a prompt and says how many of its tokens that slot already holds."""
+
+    def place(self, prompt: Seq[int], free_slots: Seq[int]) -> tuple[int, int]: ...
+
+    def release(self, slot: int) -> None: ...
+
+
 class Scheduler:
-    def __init__(self, max_batch: int, prefill_token_budget: int = 8192) -> None:
+    def __init__(self, max_batch: int, prefill_token_budget: int = 8192, placer: SlotPlacer | None = None) -> None:
         self.max_batch = max_batch
         self.prefill_token_budget = prefill_token_budget
+        self.placer = placer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_batch - 1, -1, -1))  # pop() hands out the lowest slot
@@ -29,17 +40,29 @@ class Scheduler:
             if budget < len(seq.pending) and budget != self.prefill_token_budget:
                 break  # a long prompt waits for the next step rather than stalling everyone now
             self.waiting.popleft()
+            self._place(seq)
             budget -= len(seq.pending)
-            seq.slot = self._free_slots.pop()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
         return list(self.running)
+
+    def _place(self, seq: Sequence) -> None:
+        if self.placer is None or seq.num_cached or seq.output_ids:
+            seq.slot = self._free_slots.pop()
+            return
+        seq.slot, hit = self.placer.place(seq.prompt_ids, self._free_slots)
+        self._free_slots.remove(seq.slot)
+        # Only the uncached suffix of the prompt is computed.
+        seq.num_cached = hit
+        seq.pending = seq.pending[hit:]
 
     def finish(self, seq: Sequence) -> None:
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self._free_slots.append(seq.slot)
             self._free_slots.sort(reverse=True)
+            if self.placer is not None:
+                self.placer.release(seq.slot)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED

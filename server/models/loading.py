@@ -54,6 +54,7 @@ class LoadedModel:
     context_length: int
     device: torch.device
     dtype: torch.dtype
+    impl: str = "transformers"  # which decoder runs it: "corral" (server/models/llama_family.py) or "transformers"
 
 
 def load_model(
@@ -61,8 +62,12 @@ def load_model(
     device: str | None = None,
     dtype: str | None = None,
     revision_token: str | None = None,
+    model_impl: str = "auto",
 ) -> LoadedModel:
-    """Load a causal LM and its fast tokenizer from a local directory; None loads the embedded default."""
+    """Load a causal LM and its fast tokenizer from a local directory; None loads the embedded default.
+
+    model_impl: "corral" (the Llama family only), "transformers", or "auto" (corral when it supports the
+    architecture)."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
 
@@ -77,7 +82,72 @@ def load_model(
     tokenizer = _load_tokenizer(model_dir)
     # Checked before the (slow) weight load so a bad flag fails fast.
     revision_token_id = _revision_token_id(tokenizer, revision_token)
+    impl = _choose_impl(model_impl, config)
 
+    model: Any  # transformers' stubs are partial; treat the model as Any at this boundary
+    if impl == "corral":
+        model = _load_corral(model_dir, config, dtype_arg, torch_device)
+    else:
+        model = _load_transformers(model_dir, config, dtype_arg, torch_device)
+
+    vocab_size = int(model.config.get_text_config().vocab_size)
+    if len(tokenizer) > vocab_size:
+        raise ModelLoadError(
+            f"The tokenizer in {model_dir} has {len(tokenizer)} tokens but the model has only {vocab_size} logits."
+        )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=model_dir,
+        name=name,
+        vocab_size=vocab_size,
+        stop_token_ids=_stop_token_ids(model_dir, model.config, tokenizer, vocab_size),
+        revision_token_id=revision_token_id,
+        context_length=_context_length(model.config, tokenizer),
+        device=torch_device,
+        dtype=next(model.parameters()).dtype,
+        impl=impl,
+    )
+
+
+def _choose_impl(model_impl: str, config: Any) -> str:
+    from server.models.llama_family import unsupported_reason
+
+    if model_impl not in ("auto", "corral", "transformers"):
+        raise ModelLoadError(f"Unknown model implementation {model_impl!r}; choose auto, corral or transformers.")
+    if model_impl == "transformers":
+        return "transformers"
+    reason = unsupported_reason(config.get_text_config())
+    if reason is None:
+        return "corral"
+    if model_impl == "corral":
+        raise ModelLoadError(f"corral's own decoder cannot run this model: {reason}; use --model-impl transformers.")
+    logger.info("serving with transformers: %s", reason)
+    return "transformers"
+
+
+def _load_corral(model_dir: Path, config: Any, dtype: torch.dtype | str, device: torch.device) -> Any:
+    from server.models.checkpoint import CheckpointError
+    from server.models.llama_family import load_llama_family
+
+    text_config = config.get_text_config()
+    if dtype == "auto":
+        saved = getattr(text_config, "dtype", None) or getattr(config, "dtype", None)
+        dtype = saved if isinstance(saved, torch.dtype) else _DTYPES.get(str(saved), torch.float32)
+    assert isinstance(dtype, torch.dtype)
+    try:
+        model = load_llama_family(model_dir, text_config, dtype, device)
+    except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
+    window = model.shape.sliding_window
+    if window is not None and _context_length(config, None) > window:
+        # Full attention within the window is exactly what the model computes there; past it, it is not.
+        logger.warning("%s uses sliding-window attention: its context is capped at the window (%d)", model_dir, window)
+        text_config.max_position_embeddings = window
+    return model
+
+
+def _load_transformers(model_dir: Path, config: Any, dtype_arg: torch.dtype | str, torch_device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
     model: Any  # transformers' stubs are partial; treat the model as Any at this boundary
@@ -96,24 +166,7 @@ def load_model(
     except (RuntimeError, AssertionError) as exc:
         raise ModelLoadError(f"Could not move the model to {torch_device}: {_first_line(exc)}") from exc
     model.eval()
-
-    vocab_size = int(model.config.get_text_config().vocab_size)
-    if len(tokenizer) > vocab_size:
-        raise ModelLoadError(
-            f"The tokenizer in {model_dir} has {len(tokenizer)} tokens but the model has only {vocab_size} logits."
-        )
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        path=model_dir,
-        name=name,
-        vocab_size=vocab_size,
-        stop_token_ids=_stop_token_ids(model, tokenizer, vocab_size),
-        revision_token_id=revision_token_id,
-        context_length=_context_length(model.config, tokenizer),
-        device=torch_device,
-        dtype=next(model.parameters()).dtype,
-    )
+    return model
 
 
 def _first_line(exc: BaseException) -> str:
@@ -218,12 +271,18 @@ def _as_id_list(value: object) -> list[int]:
     return []
 
 
-def _stop_token_ids(model: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
+def _generation_eos(model_dir: Path) -> object:
+    try:
+        raw = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return raw.get("eos_token_id") if isinstance(raw, dict) else None
+
+
+def _stop_token_ids(model_dir: Path, config: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
     candidates: list[int] = []
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        candidates += _as_id_list(generation_config.eos_token_id)
-    candidates += _as_id_list(getattr(model.config.get_text_config(), "eos_token_id", None))
+    candidates += _as_id_list(_generation_eos(model_dir))
+    candidates += _as_id_list(getattr(config.get_text_config(), "eos_token_id", None))
     candidates += _as_id_list(tokenizer.eos_token_id)
     vocab: dict[str, int] = tokenizer.get_vocab()
     candidates += [vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab]

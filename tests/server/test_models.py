@@ -35,10 +35,11 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def default(cache_root: Path) -> Iterator[LoadedModel]:
-    # load_model(None) must find the cache through CORRAL_CACHE_DIR, not ~/.cache.
+    # load_model(None) must find the cache through CORRAL_CACHE_DIR, not ~/.cache. These tests check the
+    # checkpoint itself, so they read it through transformers' reference forward.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
-        yield load_model(None, device="cpu")
+        yield load_model(None, device="cpu", model_impl="transformers")
 
 
 def _next_logits(loaded: LoadedModel, text: str) -> torch.Tensor:
@@ -233,3 +234,38 @@ def test_greedy_json_schema_generation_finishes(default: LoadedModel) -> None:
         pytest.fail(f"generation did not finish: {tok.decode(out)!r}")
     value = json.loads(tok.decode(out))
     assert set(value) == {"name", "age", "email", "tags"}
+
+
+def test_default_model_runs_on_corrals_decoder(cache_root: Path, default: LoadedModel) -> None:
+    """auto picks corral's own decoder for the default Llama; its logits are transformers' logits."""
+    from server.engine.model_runner import ForwardRow, ModelRunner
+    from server.models.llama_family import LlamaFamilyModel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
+        own = load_model(None, device="cpu")
+    assert own.impl == "corral" and isinstance(own.model, LlamaFamilyModel)
+    assert (own.stop_token_ids, own.context_length, own.vocab_size) == (
+        default.stop_token_ids,
+        default.context_length,
+        default.vocab_size,
+    )
+    ids = own.tokenizer.encode("Give me a JSON object with a name.")
+    logits = ModelRunner(own, max_batch=1, max_len=64).forward([ForwardRow(0, 0, ids)])[0]
+    with torch.no_grad():
+        reference = default.model(torch.tensor([ids])).logits[0, -1].float()
+    torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_model_impl_corral_refuses_other_architectures(tmp_path: Path, cache_root: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=128_257, n_embd=32, n_layer=1, n_head=2)).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(cache_root / MODEL_DIRNAME / name, model_dir / name)
+    with pytest.raises(ModelLoadError, match="GPT2LMHeadModel is not in corral's Llama family"):
+        load_model(model_dir, device="cpu", model_impl="corral")
+    assert load_model(model_dir, device="cpu").impl == "transformers"
+    with pytest.raises(ModelLoadError, match="Unknown model implementation"):
+        load_model(model_dir, device="cpu", model_impl="vllm")

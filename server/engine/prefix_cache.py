@@ -1,0 +1,135 @@
+"""Prefix caching over slot regions: a request whose prompt starts like KV already held in some slot reuses it.
+
+Every full block (BLOCK_SIZE tokens) of KV written to a slot is indexed by a chained digest of all tokens up
+to its end, so equal digests mean equal KV. Admitting a sequence then:
+
+1. picks, among the free slots, the one that already holds the longest prefix of the prompt (reused where it
+   lies, nothing copied), else the least recently released one (so recent prefixes live longest);
+2. copies the further matching blocks from whichever slot holds them (a running sibling sharing a system
+   prompt, one of `n` samples, the previous turn of a conversation): one copy per hit, never per step;
+3. starts the sequence at the hit length, so only the uncached suffix is computed. At least the prompt's
+   last token is always fed, because its logits are needed.
+
+Whatever a forward writes (including a re-fed token after a revision, which lowers the length first)
+invalidates the blocks from the write on and indexes the blocks it completes. Capacity is the slots
+themselves: a finished sequence's KV stays findable until its slot is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+BLOCK_SIZE = 16
+
+
+class KVCopier(Protocol):
+    def copy_positions(self, src: int, dst: int, start: int, end: int) -> None: ...
+
+
+def block_digests(tokens: Sequence[int], count: int) -> list[bytes]:
+    """Chained digests of the first `count` full blocks of `tokens`: digest i covers tokens[: (i+1)*BLOCK]."""
+    digests: list[bytes] = []
+    previous = b""
+    for i in range(count):
+        block = array("q", tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]).tobytes()
+        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+        digests.append(previous)
+    return digests
+
+
+class PrefixCache:
+    def __init__(self, num_slots: int, kv: KVCopier, *, enabled: bool = True) -> None:
+        self.kv = kv
+        self.enabled = enabled
+        self._tokens: list[list[int]] = [[] for _ in range(num_slots)]  # tokens whose KV the slot holds
+        self._digests: list[list[bytes]] = [[] for _ in range(num_slots)]  # its indexed full blocks
+        self._holders: dict[bytes, set[int]] = {}  # digest -> slots holding that block (at its position)
+        self._released: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slots))
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+        self.on_lookup: Callable[[int, int], None] = lambda queried, hit: None
+
+    # -- admission ---------------------------------------------------------------------------------
+    def place(self, prompt: Sequence[int], free_slots: Sequence[int]) -> tuple[int, int]:
+        """Choose a free slot for `prompt` and fill it with the cached prefix; returns (slot, cached tokens)."""
+        if not self.enabled:
+            slot = min(free_slots)
+            self._forget_from(slot, 0)
+            self._released.pop(slot, None)
+            return slot, 0
+        digests = block_digests(prompt, len(prompt) // BLOCK_SIZE)
+        matched = 0
+        while matched < len(digests) and digests[matched] in self._holders:
+            matched += 1
+        free = set(free_slots)
+        # Prefer the free slot holding the most of the prefix in place; among equals, the least recently used.
+        order = [s for s in self._released if s in free] + sorted(free - self._released.keys())
+        slot = max(order, key=lambda s: self._own_blocks(s, digests[:matched]))
+        own = self._own_blocks(slot, digests[:matched])
+        self._released.pop(slot, None)
+        self._forget_from(slot, own * BLOCK_SIZE)
+        for i in range(own, matched):
+            source = next(iter(self._holders[digests[i]]))
+            self.kv.copy_positions(source, slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
+            self._index(slot, digests[i])
+        self._tokens[slot] = list(prompt[: matched * BLOCK_SIZE])
+        hit = min(matched * BLOCK_SIZE, len(prompt) - 1)
+        self.queried_tokens += len(prompt)
+        self.hit_tokens += hit
+        self.on_lookup(len(prompt), hit)
+        return slot, hit
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended; its KV stays findable until the slot is reused."""
+        self._released.pop(slot, None)
+        self._released[slot] = None
+
+    # -- writes ------------------------------------------------------------------------------------
+    def written(self, slot: int, start: int, tokens: Sequence[int]) -> None:
+        """A forward wrote `tokens`' KV to `slot` from `start`: drop blocks from there on, index full ones."""
+        if not self.enabled:
+            return
+        held = self._tokens[slot]
+        if start < len(held) or start // BLOCK_SIZE < len(self._digests[slot]):
+            self._forget_from(slot, start)
+            held = self._tokens[slot]
+        if start > len(held):
+            # KV before `start` that this index never saw (cannot happen through place()): index nothing.
+            return
+        held.extend(tokens)
+        complete = len(held) // BLOCK_SIZE
+        indexed = len(self._digests[slot])
+        if complete > indexed:
+            previous = self._digests[slot][-1] if indexed else b""
+            for i in range(indexed, complete):
+                block = array("q", held[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]).tobytes()
+                previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+                self._index(slot, previous)
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _own_blocks(self, slot: int, digests: Sequence[bytes]) -> int:
+        own = self._digests[slot]
+        count = 0
+        while count < len(digests) and count < len(own) and own[count] == digests[count]:
+            count += 1
+        return count
+
+    def _index(self, slot: int, digest: bytes) -> None:
+        self._digests[slot].append(digest)
+        self._holders.setdefault(digest, set()).add(slot)
+
+    def _forget_from(self, slot: int, position: int) -> None:
+        """Positions >= `position` of `slot` are about to change: unindex the blocks that cover them."""
+        del self._tokens[slot][position:]
+        keep = position // BLOCK_SIZE
+        for digest in self._digests[slot][keep:]:
+            holders = self._holders.get(digest)
+            if holders is not None:
+                holders.discard(slot)
+                if not holders:
+                    del self._holders[digest]
+        del self._digests[slot][keep:]

@@ -1,0 +1,151 @@
+"""The KV cache of corral's own decoder: one region per slot, attended where it lies (never gathered).
+
+Layout per layer: [slots, max_len, kv_heads, head_dim]. A step's new keys and values land with one
+`index_copy_` per layer (flat index slot * max_len + position). Attention then reads each row's keys in
+place, as a strided view of its slot:
+
+- one-token rows (decode) share one SDPA call over the view of the slot range they occupy, with a length
+  mask per slot; query heads of a GQA group are folded into the query axis, so no key is repeated;
+- rows carrying several tokens (a prompt, forced tokens after a grammar jump, a re-fed token after a
+  revision) attend one by one with their own causal mask: no row is ever padded to another's length.
+
+Rolling a row back is lowering its length; positions past it are masked and later overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class _MultiRow:
+    offset: int  # first index of the row's tokens in the step's pack
+    count: int
+    slot: int
+    length: int  # keys the row's last token sees (start + count)
+    mask: torch.Tensor | None  # [count, length] causal mask; None: the row starts at 0 (plain causal)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything about a step's layout that every layer shares, computed once per step."""
+
+    write_index: torch.Tensor  # [T] flat slot * max_len + position
+    decode_tokens: torch.Tensor | None  # [D] pack indices of one-token rows
+    decode_slots: torch.Tensor | None  # [D] their slots, relative to `slot_lo`
+    slot_lo: int
+    slot_count: int
+    span: int  # longest key length among decode rows
+    decode_mask: torch.Tensor | None  # [slot_count, 1, 1, span]
+    multi: tuple[_MultiRow, ...]
+
+
+class InPlaceKVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_slots, max_len, num_kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = device
+        self._positions = torch.arange(max_len, device=device)
+        self._plan: StepPlan | None = None
+
+    def plan(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int]) -> StepPlan:
+        """Lay out a step whose rows feed `counts[i]` tokens to slot `slots[i]` from position `starts[i]`,
+        packed in row order. Binds the plan for the following forward and returns it."""
+        device = self.device
+        if all(n == 1 for n in counts):
+            positions = torch.tensor(starts, device=device)
+            slot_of = torch.tensor(slots, device=device)
+        else:
+            positions = torch.tensor(
+                [s + i for s, n in zip(starts, counts, strict=True) for i in range(n)], device=device
+            )
+            slot_of = torch.tensor([s for s, n in zip(slots, counts, strict=True) for _ in range(n)], device=device)
+        write_index = slot_of * self.max_len + positions
+        decode = [i for i, n in enumerate(counts) if n == 1]
+        multi: list[_MultiRow] = []
+        offset = 0
+        offsets = []
+        for i, n in enumerate(counts):
+            offsets.append(offset)
+            if n > 1:
+                length = starts[i] + n
+                mask = None
+                if starts[i] > 0:
+                    query_pos = starts[i] + self._positions[:n]
+                    mask = self._positions[None, :length] <= query_pos[:, None]
+                multi.append(_MultiRow(offset, n, slots[i], length, mask))
+            offset += n
+        decode_tokens = decode_slots = decode_mask = None
+        slot_lo = slot_count = span = 0
+        if decode:
+            decode_slot_list = [slots[i] for i in decode]
+            slot_lo = min(decode_slot_list)
+            slot_count = max(decode_slot_list) - slot_lo + 1
+            span = max(starts[i] for i in decode) + 1
+            lengths = torch.ones(slot_count, dtype=torch.long)  # slots without a decode row: any 1 key
+            lengths[[s - slot_lo for s in decode_slot_list]] = torch.tensor([starts[i] + 1 for i in decode])
+            decode_mask = (self._positions[None, :span] < lengths.to(device)[:, None])[:, None, None, :]
+            decode_tokens = torch.tensor([offsets[i] for i in decode], device=device)
+            decode_slots = torch.tensor([s - slot_lo for s in decode_slot_list], device=device)
+        self._plan = StepPlan(
+            write_index, decode_tokens, decode_slots, slot_lo, slot_count, span, decode_mask, tuple(multi)
+        )
+        return self._plan
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write this step's k, v [T, kv_heads, head_dim]; return attention of q [T, heads, head_dim]."""
+        plan = self._plan
+        assert plan is not None, "plan() before forward"
+        k_buf, v_buf = self.keys[layer], self.values[layer]
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        k_buf.view(flat).index_copy_(0, plan.write_index, k.to(k_buf.dtype))
+        v_buf.view(flat).index_copy_(0, plan.write_index, v.to(v_buf.dtype))
+        out = torch.empty_like(q)
+        if plan.decode_tokens is not None and plan.decode_slots is not None:
+            group = self.num_heads // self.num_kv_heads
+            lo, hi = plan.slot_lo, plan.slot_lo + plan.slot_count
+            # [slots, kv_heads, span, head_dim] views of the slots' regions: no copy.
+            keys = k_buf[lo:hi, : plan.span].transpose(1, 2)
+            values = v_buf[lo:hi, : plan.span].transpose(1, 2)
+            query = q.new_zeros(plan.slot_count, self.num_kv_heads, group, self.head_dim)
+            query[plan.decode_slots] = q.index_select(0, plan.decode_tokens).view(
+                -1, self.num_kv_heads, group, self.head_dim
+            )
+            attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=plan.decode_mask)
+            out[plan.decode_tokens] = attn.index_select(0, plan.decode_slots).view(-1, self.num_heads, self.head_dim)
+        for row in plan.multi:
+            end = row.offset + row.count
+            query = q[row.offset : end].transpose(0, 1)[None]
+            keys = k_buf[row.slot, : row.length].transpose(0, 1)[None]
+            values = v_buf[row.slot, : row.length].transpose(0, 1)[None]
+            attn = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=row.mask, is_causal=row.mask is None, enable_gqa=True
+            )
+            out[row.offset : end] = attn[0].transpose(0, 1)
+        return out
+
+    def copy_positions(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy the KV of positions [start, end) from slot `src` to slot `dst` (a prefix-cache hit)."""
+        for buf in (*self.keys, *self.values):
+            buf[dst, start:end] = buf[src, start:end]

@@ -1,0 +1,229 @@
+"""corral's own decoder equals transformers' forward on small random-weight Llama-family checkpoints.
+
+Each config is built with transformers, given random weights (biases and norm gains too, which transformers
+initialises to 0 and 1), saved as safetensors and loaded back through corral's path. The reference is
+transformers' greedy generation and its logits over the whole generated sequence; corral decodes the same
+prompts together in one batch, with rows of different lengths, a row fed several tokens at a time (as
+forced tokens are), a revision rollback, and rows admitted through prefix-cache hits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from server.engine.model_runner import ForwardRow, ModelRunner
+from server.engine.prefix_cache import BLOCK_SIZE
+from server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
+from server.models.loading import LoadedModel
+
+VOCAB = 512
+STEPS = 64
+TOLERANCE = 2e-4
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+
+def _llama3() -> Any:
+    from transformers import LlamaConfig
+
+    scaling = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return LlamaConfig(**_COMMON, rope_parameters=scaling, tie_word_embeddings=False)
+
+
+def _qwen2() -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**_COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
+
+
+def _qwen3() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False)
+
+
+def _mistral() -> Any:
+    from transformers import MistralConfig
+
+    return MistralConfig(**_COMMON, sliding_window=None, tie_word_embeddings=False)
+
+
+CONFIGS: dict[str, Callable[[], Any]] = {"llama3": _llama3, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistral}
+
+
+@dataclass
+class Checkpoint:
+    reference: Any  # the transformers model
+    ours: LoadedModel
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    from transformers import AutoModelForCausalLM
+
+    config = CONFIGS[request.param]()
+    torch.manual_seed(0)
+    model: Any = AutoModelForCausalLM.from_config(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+            else:
+                param.copy_(0.08 * torch.randn(param.shape, generator=generator))
+    model.eval()
+    model_dir = tmp_path_factory.mktemp(request.param)
+    # Qwen2 saves sharded (small shards + index), the others as one file: both layouts get loaded.
+    model.save_pretrained(model_dir, max_shard_size="100KB" if request.param == "qwen2" else "50GB")
+    assert unsupported_reason(model.config) is None
+    ours = load_llama_family(model_dir, model.config, torch.float32, torch.device("cpu"))
+    loaded = LoadedModel(
+        model=ours,
+        tokenizer=None,
+        path=model_dir,
+        name=request.param,
+        vocab_size=VOCAB,
+        stop_token_ids=(),
+        revision_token_id=None,
+        context_length=256,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        impl="corral",
+    )
+    return Checkpoint(model, loaded)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@dataclass
+class Row:
+    """One sequence decoded greedily by corral; checked afterwards against one transformers forward over it."""
+
+    prompt: list[int]
+    chunk: int = 1  # >1: after each greedy token, feed chunk-1 extra tokens too (as forced tokens are fed)
+    full: list[int] = field(default_factory=list)  # prompt + every token fed or chosen
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> corral's logits there
+    greedy: set[int] = field(default_factory=set)  # positions whose next token corral chose by argmax
+    slot: int = -1
+    cached: int = 0
+    pending: list[int] = field(default_factory=list)
+
+    def done(self) -> bool:
+        return len(self.greedy) >= STEPS
+
+
+def _step(runner: ModelRunner, rows: list[Row]) -> None:
+    """One shared forward for every unfinished row; each takes its argmax (plus forced extras)."""
+    live = [r for r in rows if not r.done()]
+    logits = runner.forward([ForwardRow(r.slot, r.cached, r.pending) for r in live])
+    for row, got in zip(live, logits, strict=True):
+        position = row.cached + len(row.pending) - 1
+        del row.full[position + 1 :]
+        row.logits[position] = got
+        row.greedy.add(position)
+        token = int(got.argmax())
+        forced = [(token * 7 + i) % VOCAB for i in range(1, row.chunk)]
+        row.full += [token, *forced]
+        row.cached = position + 1
+        row.pending = [token, *forced]
+
+
+def _check(ckpt: Checkpoint, row: Row) -> None:
+    """transformers' logits over the whole sequence match corral's at every position it computed, and
+    every greedy choice is transformers' argmax: by induction, identical greedy tokens."""
+    with torch.no_grad():
+        reference = ckpt.reference(torch.tensor([row.full])).logits[0].float()
+    for position, got in row.logits.items():
+        torch.testing.assert_close(got, reference[position], rtol=TOLERANCE, atol=TOLERANCE)
+        if position in row.greedy:
+            assert row.full[position + 1] == int(reference[position].argmax()), f"greedy differs at {position}"
+
+
+def _admit(runner: ModelRunner, row: Row, free: list[int]) -> int:
+    row.slot, hit = runner.prefix.place(row.prompt, free)
+    free.remove(row.slot)
+    row.cached, row.pending, row.full = hit, row.prompt[hit:], list(row.prompt)
+    return hit
+
+
+def test_rope_scaling_is_exercised() -> None:
+    plain, _ = rope_frequencies(_mistral(), 16)
+    scaled, _ = rope_frequencies(_llama3(), 16)
+    assert not torch.equal(plain, scaled)
+
+
+def test_logits_and_greedy_tokens_match_transformers(checkpoint: Checkpoint) -> None:
+    """Rows of different lengths, a multi-token row and a rollback, all in one batch for 64 steps."""
+    assert isinstance(checkpoint.ours.model, LlamaFamilyModel)
+    runner = ModelRunner(checkpoint.ours, max_batch=4, max_len=256, prefix_cache=False)
+    rows = [Row(_prompt(1, 37)), Row(_prompt(2, 5)), Row(_prompt(3, 20), chunk=3)]
+    free = list(range(4))
+    for row in rows:
+        _admit(runner, row, free)
+    steps = 0
+    while not all(r.done() for r in rows):
+        _step(runner, rows)
+        steps += 1
+        if steps == 30:
+            # A revision: write a wrong token's KV, then roll back as Engine._revise does (lower the
+            # length, re-feed the last kept token); the rest of the run must be unaffected.
+            victim = rows[0]
+            runner.forward([ForwardRow(victim.slot, victim.cached, [(victim.pending[0] + 1) % VOCAB])])
+            victim.cached -= 1
+            victim.pending = [victim.full[victim.cached]]
+    assert steps >= STEPS
+    for row in rows:
+        _check(checkpoint, row)
+
+
+def test_prefix_cache_hits_match_transformers(checkpoint: Checkpoint) -> None:
+    """A shared system prompt, a second sample of the same prompt and a conversation's next turn reuse
+    cached KV (copied between slots or found in place) and still decode exactly."""
+    runner = ModelRunner(checkpoint.ours, max_batch=4, max_len=256)
+    system = _prompt(10, 2 * BLOCK_SIZE + 5)
+    first = Row(system + _prompt(11, 11))  # exactly 3 blocks
+    free = list(range(4))
+    assert _admit(runner, first, free) == 0
+    _step(runner, [first])  # its prompt's KV is now written and indexed
+    same_system = Row(system + _prompt(12, 3))
+    same_prompt = Row(list(first.prompt))  # `n` > 1: another sample of the same prompt
+    assert _admit(runner, same_system, free) == 2 * BLOCK_SIZE
+    # The whole prompt is cached; its last token is fed again for its logits.
+    assert _admit(runner, same_prompt, free) == 3 * BLOCK_SIZE - 1
+    rows = [first, same_system, same_prompt]
+    while not all(r.done() for r in rows):
+        _step(runner, rows)
+    # The first sequence ends; its next turn (its whole text plus a new message) lands in its own slot.
+    runner.prefix.release(first.slot)
+    free.append(first.slot)
+    next_turn = Row(first.full[:-1] + _prompt(13, 4))
+    hit = _admit(runner, next_turn, free)
+    assert next_turn.slot == first.slot
+    assert hit == (len(first.full) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    while not next_turn.done():
+        _step(runner, [next_turn])
+    for row in (*rows, next_turn):
+        _check(checkpoint, row)
+    assert runner.prefix.hit_tokens == 2 * BLOCK_SIZE + 3 * BLOCK_SIZE - 1 + hit
