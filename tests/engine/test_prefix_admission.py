@@ -1,0 +1,80 @@
+"""Prefix caching through the real Engine: admission starts after the cached prefix, outputs do not change."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
+from server.engine import Sequence as Seq
+from server.engine.prefix_cache import BLOCK_SIZE, PrefixCache
+from server.models import LoadedModel, load_model
+
+SYSTEM = "You are a careful assistant that answers in JSON. " * 6
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(None, device="cpu")
+
+
+def _prompt(loaded: LoadedModel, user: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    ids = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return [int(t) for t in ids["input_ids"]]
+
+
+def _generate(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Runs the prompts one after another (each admitted after the previous one ended)."""
+    outputs = []
+    for i, prompt in enumerate(prompts):
+        done: list[SeqOutput] = []
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        seq = Seq(request_id=str(i), prompt_ids=prompt, params=params, sink=done.append, streaming=False)
+        engine.add_request(seq)
+        while not seq.is_finished:
+            engine.step()
+        outputs.append(seq.output_ids)
+    return outputs
+
+
+def test_shared_system_prompt_skips_its_prefix_and_decodes_the_same(loaded: LoadedModel) -> None:
+    prompts = [_prompt(loaded, "first question"), _prompt(loaded, "second question"), _prompt(loaded, "first question")]
+    cached = Engine(loaded, EngineConfig(max_batch=2, max_model_len=512))
+    plain = Engine(loaded, EngineConfig(max_batch=2, max_model_len=512, prefix_cache=False))
+    hits: list[int] = []
+    cached.runner.prefix.on_lookup = lambda queried, hit: hits.append(hit)
+    with_cache = _generate(cached, prompts)
+    without = _generate(plain, prompts)
+    assert with_cache == without
+    system_blocks = len(_prompt(loaded, "")) // BLOCK_SIZE * BLOCK_SIZE - BLOCK_SIZE
+    assert hits[0] == 0
+    assert hits[1] >= system_blocks > 0  # the shared system prompt
+    assert hits[2] == len(prompts[2]) // BLOCK_SIZE * BLOCK_SIZE  # the same prompt again: all its full blocks
+    assert plain.runner.prefix.hit_tokens == 0
+
+
+class _Copies:
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, int, int, int]] = []
+
+    def copy_positions(self, src: int, dst: int, start: int, end: int) -> None:
+        self.copies.append((src, dst, start, end))
+
+
+def test_rewritten_blocks_are_forgotten_and_slots_reused_in_place() -> None:
+    kv = _Copies()
+    cache = PrefixCache(2, kv)
+    prompt = list(range(3 * BLOCK_SIZE))
+    slot, hit = cache.place(prompt, [0, 1])
+    assert hit == 0
+    cache.written(slot, 0, prompt)
+    # A revision lowers the length into the second block and writes something else there.
+    cache.written(slot, BLOCK_SIZE + 3, [999])
+    cache.release(slot)
+    other, hit = cache.place(prompt, [0, 1])
+    assert (other, hit) == (slot, BLOCK_SIZE)  # found in place: the first block only, nothing copied
+    assert kv.copies == []
+    cache.written(other, hit, prompt[hit:])
+    sibling, hit = cache.place(prompt, [1])
+    assert hit == len(prompt) - 1
+    assert kv.copies == [(other, sibling, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(3)]
