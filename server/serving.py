@@ -408,7 +408,7 @@ class Service:
                 "profile": "decode_safe" if compiled.compiled.spec.decode_safe else "full",
                 "requested_backend": prepared.constraint.backend,
                 "cache_hit": compiled.cache_hit,
-                "schema_valid": check.valid if check and prepared.constraint.spec.is_json else None,
+                "schema_valid": check.valid if check and prepared.constraint.spec.embeds_schema else None,
                 "valid": check.valid if check else None,
                 "validation_error": check.error if check else None,
                 "forced_tokens": stats.forced_tokens,

@@ -60,6 +60,14 @@ def test_required_returns_valid_calls(client: openai.OpenAI) -> None:
     assert resp.model_extra["grammar"]["kind"] == "tool_calls" and resp.model_extra["grammar"]["valid"] is True
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_each_engine_serves_tool_calls(client: openai.OpenAI, backend: str) -> None:
+    resp = ask(client, tool_choice="required", extra_body={"structured_outputs": {"backend": backend}})
+    assert resp.choices[0].finish_reason == "tool_calls"
+    valid_calls(resp.choices[0].message)
+    assert resp.model_extra["grammar"]["backend"] == backend
+
+
 def test_named_function_is_the_only_one_called(client: openai.OpenAI) -> None:
     resp = ask(client, tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = valid_calls(resp.choices[0].message)
