@@ -97,3 +97,14 @@ def test_xgrammar_refuses_tools_whose_keywords_it_ignores(backends: BackendSet) 
     spec = tool_calls_spec([("neg", {"type": "object", "not": {"required": ["a"]}})])
     assert backends.get("xgrammar").supports(spec) is not None
     assert backends.get("xgrammar").supports(spec.relaxed()) is None
+
+
+def test_auto_serves_keywords_no_engine_enforces_through_the_decode_safe_profile(backends: BackendSet,
+                                                                                tokenizer: TokenizerSpec) -> None:
+    no_a = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "not": {"required": ["a"]}}
+    result = GrammarCache(backends).compile(tool_calls_spec([("f", no_a)]), "auto")
+    assert (result.backend, result.compiled.spec.decode_safe) == ("llguidance", True)
+    guarded = backends.for_request(result.backend, "auto")
+    assert not feed(tokenizer, guarded.new_matcher(result.compiled), '{"name": "f", "parameters": {"a": 1}}')
+    assert feed(tokenizer, guarded.new_matcher(result.compiled), '{"name": "f", "parameters": {"b": 1}}')
