@@ -45,7 +45,7 @@ def test_default_rendering_describes_tools_and_writes_calls_in_the_format(defaul
     text = default_tokenizer.decode(prompt_ids(default_tokenizer, HISTORY, tools, "llama3_json"))
     system = text.index("<|start_header_id|>system")
     assert system < text.index("find cats")
-    assert '"name": "search"' in text and "Look up" in text  # the tool listing
+    assert '"name":"search"' in text and "Look up" in text  # the tool listing
     assert '{"name": "search", "parameters": {"q": "cats"}}' in text  # the call, as the model writes it
     assert "<|start_header_id|>tool<|end_header_id|>\n\n3 cats" in text
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
