@@ -179,7 +179,6 @@ def to_lark(grammar: ToolGrammar, json_options: dict[str, Any]) -> str:
 class ScannedCall:
     name: str
     arguments: str  # the arguments' JSON text (so far, while streaming)
-    complete: bool = False
 
 
 @dataclass
@@ -233,8 +232,7 @@ def _scan_calls(grammar: ToolGrammar, text: str, final: bool) -> Scan:
                 return _fail(result, True, f"the arguments of call {len(result.calls) + 1} are not complete JSON")
             result.calls.append(ScannedCall(head, text[pos:]))
             return result
-        call = ScannedCall(head, text[pos:args_end], complete=final or args_end < len(text))
-        result.calls.append(call)
+        result.calls.append(ScannedCall(head, text[pos:args_end]))
         after = _expect(text, args_end, fmt.close, final)
         if after is None:
             return _fail(result, True, f"call {len(result.calls)} is not closed")
