@@ -81,7 +81,7 @@ def route(spec: GrammarSpec, available: list[str]) -> list[str]:
     `auto` with 7) are closed by the contract guard that `auto` serves through (samplers/contract_guard.py).
     Grammars, regexes and choices keep xgrammar first: both engines take them and xgrammar's masks
     were the faster there (TBM p50 3-14 µs)."""
-    json_kind = spec.kind in (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT)
+    json_kind = spec.embeds_schema  # tool calls too: their arguments are JSON Schema documents
     preferred = ["llguidance", "xgrammar"] if json_kind else ["xgrammar", "llguidance"]
     ordered = [name for name in preferred if name in available]
     return ordered + [name for name in available if name not in ordered]
@@ -89,7 +89,8 @@ def route(spec: GrammarSpec, available: list[str]) -> list[str]:
 
 def attempts(spec: GrammarSpec, available: list[str]) -> list[tuple[str, GrammarSpec]]:
     """What `auto` compiles, in order: (backend, spec) pairs. A JSON Schema also gets its decode-safe
-    profile, served only behind the contract guard: llguidance's first (it compiles in milliseconds
+    profile (so does a tool-call spec, whose functions' schemas are compiled the same way), served only
+    behind the contract guard: llguidance's first (it compiles in milliseconds
     where xgrammar takes seconds), then xgrammar's full and decode-safe compiles.
 
     Measured (docs/benchmarks.md, masks mode, the 8,499-schema dev set, before this profile existed):
@@ -98,6 +99,6 @@ def attempts(spec: GrammarSpec, available: list[str]) -> list[tuple[str, Grammar
     refused by both, mostly for `not` (61), `dependencies` (32) and `if/then/else` (7) — keywords neither
     engine enforces but the contract guard does where the answer ends."""
     names = route(spec, available)
-    if spec.kind is not GrammarKind.JSON_SCHEMA:
+    if spec.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS):
         return [(name, spec) for name in names]
     return [(name, variant) for name in names for variant in (spec, spec.relaxed())]

@@ -34,4 +34,5 @@ def describe(spec: GrammarSpec) -> str:
         GrammarKind.REGEX: "regex",
         GrammarKind.EBNF: "EBNF grammar",
         GrammarKind.LARK: "Lark grammar",
+        GrammarKind.TOOL_CALLS: "tool-call grammar",
     }[spec.kind]

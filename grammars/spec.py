@@ -16,6 +16,7 @@ class GrammarKind(StrEnum):
     REGEX = "regex"
     EBNF = "ebnf"  # GBNF / xgrammar EBNF: `root ::= ...`
     LARK = "lark"
+    TOOL_CALLS = "tool_calls"  # source: grammars/tools.py's canonical JSON (format, mode, tools, ...)
 
 
 def canonical_json(value: Any) -> str:
@@ -42,14 +43,20 @@ class GrammarSpec:
         return f"{self.kind}:{digest[:24]}" + (":decode_safe" if self.decode_safe else "")
 
     def relaxed(self) -> GrammarSpec:
-        """The decode-safe profile of this JSON Schema spec (same schema text, relaxed compile)."""
-        if self.kind is not GrammarKind.JSON_SCHEMA:
+        """The decode-safe profile of this JSON Schema (or tool-call) spec: same text, relaxed compile."""
+        if self.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS):
             raise ValueError(f"a {self.kind} constraint has no decode-safe profile")
         return GrammarSpec(self.kind, self.source, decode_safe=True)
 
     @property
     def is_json(self) -> bool:
         return self.kind in (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT)
+
+    @property
+    def embeds_schema(self) -> bool:
+        """JSON Schemas inside (json_schema, json_object, tool calls): an engine that refuses one of them
+        is an engine gap (`auto` tries the next), not the caller's mistake."""
+        return self.is_json or self.kind is GrammarKind.TOOL_CALLS
 
     def schema(self) -> dict[str, Any] | bool:
         """The JSON Schema this spec enforces (json kinds only)."""
@@ -89,3 +96,8 @@ class GrammarSpec:
     @classmethod
     def lark(cls, grammar: str) -> GrammarSpec:
         return cls(GrammarKind.LARK, grammar)
+
+    @classmethod
+    def tool_calls(cls, description: dict[str, Any]) -> GrammarSpec:
+        """Built by grammars.tools.tool_calls_spec, which checks the description."""
+        return cls(GrammarKind.TOOL_CALLS, canonical_json(description))

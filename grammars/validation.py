@@ -60,6 +60,14 @@ class OutputCheck:
 _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 
 
+def schema_error(schema: dict[str, Any] | bool, value: Any) -> str | None:
+    """Where `value` breaks the full `schema` (jsonschema + format checker), or None when it holds."""
+    validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
+    validator = validator_cls(schema, format_checker=_FORMAT_CHECKER)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    return None if error is None else f"at {json_pointer(error.absolute_path)}: {error.message}"
+
+
 def validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
     """Validate a finished answer against the *full* contract (not the decode-time subset)."""
     if spec.is_json:
@@ -67,13 +75,12 @@ def validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             return OutputCheck(False, f"not JSON: {exc}")
-        schema = spec.schema()
-        validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
-        validator = validator_cls(schema, format_checker=_FORMAT_CHECKER)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-        if error is not None:
-            return OutputCheck(False, f"at {json_pointer(error.absolute_path)}: {error.message}", value)
-        return OutputCheck(True, None, value)
+        error = schema_error(spec.schema(), value)
+        return OutputCheck(error is None, error, value)
+    if spec.kind is GrammarKind.TOOL_CALLS:
+        from grammars.tools import validate_tool_answer  # grammars.tools builds on this module
+
+        return validate_tool_answer(spec, text)
     if spec.kind is GrammarKind.CHOICE:
         ok = text in spec.choices()
         return OutputCheck(ok, None if ok else "answer is not one of the choices", text)

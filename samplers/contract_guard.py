@@ -24,6 +24,9 @@ from grammars.spec import GrammarKind, GrammarSpec
 from grammars.validation import validate_output
 from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec
 
+# Tool calls embed JSON Schemas the same engines relax; an answer may only end where every call validates.
+GUARDED_KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS)
+
 
 class GuardedMatcher:
     """A backend's matcher plus the full-contract check wherever it could end."""
@@ -104,7 +107,7 @@ class GuardedMatcher:
 
 
 class ContractGuard:
-    """Wraps a SamplerBackend; JSON Schema matchers come back guarded, other kinds unchanged."""
+    """Wraps a SamplerBackend; JSON Schema and tool-call matchers come back guarded, other kinds unchanged."""
 
     def __init__(self, inner: SamplerBackend, tokenizer: TokenizerSpec) -> None:
         self.inner = inner
@@ -120,7 +123,7 @@ class ContractGuard:
 
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
         matcher = self.inner.new_matcher(compiled)
-        if compiled.spec.kind is not GrammarKind.JSON_SCHEMA:
+        if compiled.spec.kind not in GUARDED_KINDS:
             return matcher  # regex, choice, grammar and json_object: the grammar is the whole contract
         return GuardedMatcher(matcher, compiled.spec, self._tokenizer)
 

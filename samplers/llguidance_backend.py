@@ -14,6 +14,7 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from grammars.lowering import choice_to_lark
 from grammars.spec import GrammarKind, GrammarSpec
+from grammars.tools import ToolGrammar, to_lark
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
 
 if TYPE_CHECKING:
@@ -90,6 +91,12 @@ class LLGuidanceBackend:
         self._executor = llguidance.LLExecutor()
 
     def supports(self, spec: GrammarSpec) -> str | None:
+        if spec.kind is GrammarKind.TOOL_CALLS:
+            grammar = ToolGrammar.of(spec)
+            if grammar.text_schema is not None and grammar.format.marker[0] in "{[":
+                # A `%json` text branch and a call literal that start with the same character: llguidance
+                # 1.9 lexes only one of them (seen: `{"ok": true}` refused after `{"`).
+                return f"llguidance cannot tell a {grammar.format.name} call from a JSON text answer"
         return None
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
@@ -97,7 +104,7 @@ class LLGuidanceBackend:
         # Constructing the matcher does the real work (lexer/parser tables) and drops the GIL.
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise CompileError(_clean(str(matcher.get_error())), backend=NAME, unsupported=spec.is_json)
+            raise CompileError(_clean(str(matcher.get_error())), backend=NAME, unsupported=spec.embeds_schema)
         return LLGuidanceCompiled(spec, matcher)
 
     def _grammar_text(self, spec: GrammarSpec) -> str:
@@ -114,6 +121,10 @@ class LLGuidanceBackend:
                 return str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source)))
             if spec.kind is GrammarKind.CHOICE:
                 return str(llguidance.LLMatcher.grammar_from_lark(choice_to_lark(spec.choices())))
+            if spec.kind is GrammarKind.TOOL_CALLS:
+                # Each function's schema is embedded with `%json`, compiled with the same options as json_schema.
+                embedded: dict[str, Any] = {**(RELAXED_JSON_OPTIONS if spec.decode_safe else JSON_OPTIONS)}
+                return str(llguidance.LLMatcher.grammar_from_lark(to_lark(ToolGrammar.of(spec), embedded)))
         except Exception as exc:  # gbnf_to_lark raises its own and plain Exceptions on bad EBNF
             raise CompileError(f"llguidance could not read the {spec.kind}: {exc}", backend=NAME) from exc
         raise CompileError(f"llguidance cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import xgrammar
 from grammars.features import schema_features
 from grammars.lowering import choice_to_ebnf
 from grammars.spec import GrammarKind, GrammarSpec
+from grammars.tools import ToolGrammar, not_starting_with, tool_schemas
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
 
 log = logging.getLogger(__name__)
@@ -101,9 +103,10 @@ class XGrammarBackend:
         self._batch = xgrammar.BatchGrammarMatcher(max_threads=threads)
 
     def supports(self, spec: GrammarSpec) -> str | None:
-        if spec.kind is not GrammarKind.JSON_SCHEMA or spec.decode_safe:
+        if spec.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS) or spec.decode_safe:
             return None  # decode-safe: the contract guard enforces what xgrammar ignores
-        ignored = sorted(schema_features(spec.schema()) & IGNORED_KEYWORDS)
+        schemas = tool_schemas(spec) if spec.kind is GrammarKind.TOOL_CALLS else [spec.schema()]
+        ignored = sorted(set().union(*(schema_features(schema) for schema in schemas)) & IGNORED_KEYWORDS)
         if ignored:
             return f"xgrammar 0.2.8 does not enforce {', '.join(ignored)}"
         return None
@@ -112,7 +115,7 @@ class XGrammarBackend:
         try:
             return XGrammarCompiled(spec, self._compile(spec))
         except RuntimeError as exc:
-            raise CompileError(_clean(str(exc)), backend=NAME, unsupported=spec.is_json) from exc
+            raise CompileError(_clean(str(exc)), backend=NAME, unsupported=spec.embeds_schema) from exc
 
     def _compile(self, spec: GrammarSpec) -> Any:
         if spec.is_json:
@@ -132,6 +135,8 @@ class XGrammarBackend:
             return self._compiler.compile_grammar(spec.source)
         if spec.kind is GrammarKind.CHOICE:
             return self._compiler.compile_grammar(choice_to_ebnf(spec.choices()))
+        if spec.kind is GrammarKind.TOOL_CALLS:
+            return self._compiler.compile_structural_tag(json.dumps(tool_calls_structural_tag(ToolGrammar.of(spec))))
         raise CompileError(f"xgrammar cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
 
     def new_matcher(self, compiled: Any) -> XGrammarMatcher:
@@ -147,6 +152,41 @@ class XGrammarBackend:
             return
         for matcher, row in zip(matchers, rows, strict=True):
             matcher.fill_bitmask(bitmask, row)
+
+
+def _json_grammar(schema: dict[str, Any]) -> dict[str, Any]:
+    """One embedded schema as an EBNF grammar compiled exactly like a json_schema request."""
+    ebnf = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=False))
+    return {"type": "grammar", "grammar": ebnf}
+
+
+def tool_calls_structural_tag(grammar: ToolGrammar) -> dict[str, Any]:
+    """The answer as an xgrammar structural tag: one `tag` per function (prefix, arguments, close),
+    repeated with the format's separator when parallel calls are on; `or` a text branch under `auto`."""
+    fmt = grammar.format
+    tags = [
+        {"type": "tag", "begin": fmt.prefix(t.name), "content": _json_grammar(t.parameters), "end": fmt.close}
+        for t in grammar.tools
+    ]
+    calls: dict[str, Any] = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": fmt.separator,
+        "at_least_one": True,
+        "stop_after_first": not grammar.parallel,
+    }
+    if fmt.begin or fmt.end:
+        ends = [{"type": "const_string", "value": text} for text in (fmt.begin, fmt.end)]
+        calls = {"type": "sequence", "elements": [ends[0], calls, ends[1]]}
+    answer = calls
+    if grammar.mode == "auto":
+        text = (
+            _json_grammar(grammar.text_schema)
+            if grammar.text_schema is not None
+            else {"type": "regex", "pattern": not_starting_with(fmt.marker)}
+        )
+        answer = {"type": "or", "elements": [calls, text]}
+    return {"type": "structural_tag", "format": answer}
 
 
 def _clean(message: str) -> str:

@@ -17,6 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from samplers.watchdog import Trip
 from server.errors import ApiError
+from server.openai.tools import ToolCallStream, chat_message
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
 
@@ -121,7 +122,7 @@ def _final_body(
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason, "logprobs": None}
     if chat:
-        choice["message"] = {"role": "assistant", "content": done.text}
+        choice["message"] = chat_message(done.text, done.check)
     else:
         choice["text"] = done.text
     return {
@@ -140,29 +141,36 @@ async def _stream(
 ) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+    tool_stream = ToolCallStream.of(prepared.constraint) if chat else None
+
+    def chunk(
+        delta: str | None, finish_reason: str | None, first: bool = False, fields: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         if chat:
             content: dict[str, Any] = {"role": "assistant"} if first else {}
             if delta is not None:
                 content["content"] = delta
-            choice["delta"] = content
+            choice["delta"] = {**content, **(fields or {})}
         else:
             choice["text"] = delta or ""
         return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [choice]}
 
-    if chat:
-        yield json.dumps(chunk("", None, first=True))
+    if chat:  # a tool-call answer's content stays null unless it turns out to be text
+        yield json.dumps(chunk(None if tool_stream else "", None, first=True))
     async for out in service.stream(prepared):
+        if tool_stream is not None:  # calls (or text) as OpenAI's deltas, the last one's with the finish
+            for fields in tool_stream.feed(out.delta or "", final=out.finished):
+                yield json.dumps(chunk(None, None, fields=fields))
         if not out.finished:
-            if out.delta:
+            if out.delta and tool_stream is None:
                 yield json.dumps(chunk(out.delta, None))
             continue
         done = service.finish(prepared, out)
         if done.finish_reason == HUNG:
             yield json.dumps(error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung"))
             return
-        last = chunk(out.delta or None, done.finish_reason)
+        last = chunk(None if tool_stream else out.delta or None, done.finish_reason)
         last.update(service.extras(done))
         yield json.dumps(last)
         if req.include_usage():

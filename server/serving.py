@@ -28,6 +28,8 @@ from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqO
 from server.errors import ApiError, bad_request
 from server.metrics import Metrics
 from server.models import LoadedModel
+from server.openai.chat_render import MessageError, prompt_ids
+from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
 
@@ -67,6 +69,7 @@ class Service:
             # oversubscription (measured on 2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1).
             torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         self.model_name = settings.served_model_name or loaded.name
+        self.tool_format = detect_format(settings.tool_call_format, loaded.tokenizer)
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
         self.grammars = GrammarCache(
@@ -144,14 +147,12 @@ class Service:
 
     # -- request preparation -----------------------------------------------------------------------
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in req.messages]
+        # Messages, tools, tool calls and tool results as the chat template (or corral's default) renders them.
         try:
-            ids = self.loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # a template may reject a message order; that is the caller's input
-            raise bad_request(f"messages could not be rendered by the chat template: {exc}", param="messages") from exc
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+            return prompt_ids(self.loaded.tokenizer, req.messages, tools, self.tool_format)
+        except (InvalidConstraint, MessageError) as exc:
+            raise bad_request(str(exc), param=exc.param) from exc
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         try:
@@ -181,6 +182,9 @@ class Service:
             )
         try:
             constraint = parse_constraint(req.response_format, req.structured_outputs)
+            if isinstance(req, ChatCompletionRequest):
+                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+                constraint = tool_constraint(tools, constraint, self.tool_format)
             self.backends.check_name(constraint.backend)
         except InvalidConstraint as exc:
             raise bad_request(str(exc), param=exc.param) from exc
@@ -344,6 +348,8 @@ class Service:
         reason = out.finish_reason or "stop"
         if reason == "stop" and check is not None and not check.valid:
             reason = INVALID_OUTPUT  # the grammar finished but the full contract does not hold
+        if reason == "stop" and has_tool_calls(check):
+            reason = "tool_calls"
         done = Finished(seq.text, reason, seq, check, prepared)
         self._observe(done)
         return done
@@ -404,7 +410,7 @@ class Service:
                 "profile": "decode_safe" if compiled.compiled.spec.decode_safe else "full",
                 "requested_backend": prepared.constraint.backend,
                 "cache_hit": compiled.cache_hit,
-                "schema_valid": check.valid if check and prepared.constraint.spec.is_json else None,
+                "schema_valid": check.valid if check and prepared.constraint.spec.embeds_schema else None,
                 "valid": check.valid if check else None,
                 "validation_error": check.error if check else None,
                 "forced_tokens": stats.forced_tokens,

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores but one, left to masks and HTTP)"
     )
+    tool_call_format: Literal["auto", "llama3_json", "hermes", "mistral"] = Field(
+        "auto", description="how the model writes tool calls; auto: from its chat template (default model: llama3_json)"
+    )
     backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
     log_level: str = "info"
 
