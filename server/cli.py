@@ -37,11 +37,15 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(flag, dest=name, default=None, help=help_text)
 
 
-def serve(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     if "api_key" in overrides:  # repeated flags: one comma-separated setting, like CORRAL_API_KEY
         overrides["api_key"] = ",".join(overrides["api_key"])
-    settings = Settings(**overrides)
+    return Settings(**overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Heavy imports after argument parsing, so `corral --help` is instant.
     import uvicorn

@@ -269,3 +269,7 @@ def max_tokens_for(max_completion_tokens: int | None, max_tokens: int | None, *,
             code="context_length_exceeded",
         )
     return requested
+
+
+if __name__ == "__main__":  # regenerate the table in docs/api.md
+    print(markdown_table(), end="")
