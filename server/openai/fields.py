@@ -69,9 +69,9 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("logprobs", OPENAI, H, "chat: a boolean; completions: 0..5 top alternatives per token"),
     # -- OpenAI, chat only --------------------------------------------------------------------------------
     FieldRule("messages", OPENAI, H, "text content only; an image/audio/file part is a 400 naming it", CHAT),
-    FieldRule("max_completion_tokens", OPENAI, H, "as `max_tokens` (wins when both are given)", CHAT),
+    FieldRule("max_completion_tokens", OPENAI, H, "as `max_tokens` (wins when both are given)"),
     FieldRule("top_logprobs", OPENAI, H, "0..20 alternatives per token, with `logprobs: true`", CHAT),
-    FieldRule("response_format", OPENAI, H, "`text` (the default), `json_object`, `json_schema`", CHAT),
+    FieldRule("response_format", OPENAI, H, "`text` (the default), `json_object`, `json_schema`"),
     FieldRule("tools", OPENAI, H, "function tools; arguments generated under each tool's `parameters`", CHAT),
     FieldRule("tool_choice", OPENAI, H, "`none`, `auto`, `required` or a named function", CHAT),
     FieldRule("parallel_tool_calls", OPENAI, H, "whether one answer may carry several calls", CHAT),
@@ -150,6 +150,8 @@ FIELDS: tuple[FieldRule, ...] = (
 
 # Content part types of a chat message corral can read; the model is text-only.
 TEXT_PART_TYPES = frozenset({"text"})
+# Keys of a chat message corral reads (a null value of any other key is harmless: it says nothing).
+MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 
 
 def rules_for(endpoint: Endpoint) -> dict[str, FieldRule]:
@@ -214,11 +216,20 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 def check_content_parts(messages: Any) -> None:
-    """A content part the text-only model cannot read is a 400, never silently dropped."""
+    """A message field or content part corral cannot use is a 400, never silently dropped."""
     if not isinstance(messages, list):
         return
     for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            if key not in MESSAGE_FIELDS and value is not None:
+                raise bad_request(
+                    f"messages[{i}].{key}: corral does not implement this message field",
+                    param=f"messages[{i}].{key}",
+                    code="unsupported_parameter",
+                )
+        content = message.get("content")
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):

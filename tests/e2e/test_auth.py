@@ -42,9 +42,8 @@ def _assert_401(exc: openai.AuthenticationError) -> None:
     assert error["code"] == "invalid_api_key"
 
 
-@pytest.mark.parametrize("key", ["wrong-key", ""])
-def test_missing_or_wrong_key_is_a_401(keyed_server: RunningServer, key: str) -> None:
-    client = _client(keyed_server, key)
+def test_wrong_key_is_a_401(keyed_server: RunningServer) -> None:
+    client = _client(keyed_server, "wrong-key")
     with pytest.raises(openai.AuthenticationError) as info:
         client.chat.completions.create(model="corral-default", messages=MESSAGES, max_tokens=5)
     _assert_401(info.value)

@@ -35,7 +35,8 @@ def test_request_models_declare_exactly_the_honoured_and_mapped_fields() -> None
 def test_docs_list_exactly_the_registry() -> None:
     docs = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
     assert markdown_table() in docs, "regenerate the table: python -m server.openai.fields"
-    listed = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `")}
+    table = docs[docs.index("## Every field"):]
+    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     assert listed == {rule.name for rule in FIELDS}
 
 
@@ -156,6 +157,18 @@ def test_non_text_content_part_is_refused(client: openai.OpenAI, part: dict[str,
     error = expect_400(lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5))
     assert error["param"] == "messages[1].content[1]"
     assert part["type"] in error["message"] and "text only" in error["message"]
+
+
+def test_unknown_message_field_is_refused(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]
+    error = expect_400(lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5))
+    assert error["param"] == "messages[1].function_call"
+    resp = client.chat.completions.create(
+        model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "hi", "name": "ann"},
+                                             {"role": "assistant", "content": "x", "refusal": None},
+                                             {"role": "user", "content": "again"}])
+    assert resp.choices[0].finish_reason == "stop"
 
 
 def test_text_content_parts_are_read(client: openai.OpenAI) -> None:
