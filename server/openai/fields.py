@@ -274,8 +274,8 @@ def max_tokens_for(max_completion_tokens: int | None, max_tokens: int | None, *,
         return min(default, room)
     if requested > room:
         raise bad_request(
-            f"{param} is {requested}, but the prompt leaves room for {room} tokens in this model's context "
-            f"({room} = context - prompt); ask for at most {room}",
+            f"{param} is {requested}, but the prompt leaves room for {room} tokens in this model's context; "
+            f"ask for at most {room}",
             param=param,
             code="context_length_exceeded",
         )
