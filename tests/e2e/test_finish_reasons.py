@@ -5,13 +5,13 @@ failed constraint as a result). corral's precise reason rides beside it in `corr
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, get_args
 
 import httpx
 import openai
 import pytest
-from conftest import RunningServer, start_server
+from conftest import RunningServer
 from openai.lib._parsing._completions import parse_chat_completion
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -181,18 +181,13 @@ def test_precise_mode_restores_corral_reasons(server: RunningServer, monkeypatch
     assert (choice["finish_reason"], choice["corral_finish_reason"]) == ("stall", "stall")
 
 
-# -- mask_timeout needs a server whose mask budget every fill overruns -----------------------------------------
+# -- mask_timeout: the shared server, with a mask budget every fill overruns for the length of one test -------
 
-@pytest.fixture(scope="module")
-def impatient_server() -> Iterator[RunningServer]:
-    running, uv, thread = start_server(mask_budget_ms=1e-6, mask_overruns=0)
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
-
-
-def test_mask_timeout_reads_as_length(impatient_server: RunningServer) -> None:
-    data = _post(impatient_server.base_url, {"max_tokens": 20, "structured_outputs": {"json": {"type": "object"}}})
+def test_mask_timeout_reads_as_length(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: Any = server.service.engine  # type: ignore[attr-defined]
+    impatient = replace(engine.config.limits, mask_budget_ms=1e-6, mask_overruns=0)
+    monkeypatch.setattr(engine, "config", replace(engine.config, limits=impatient))  # read per new sequence
+    data = _post(server.base_url, {"max_tokens": 20, "structured_outputs": {"json": {"type": "object"}}})
     choice = _validated(data)
     assert (choice.finish_reason, (choice.model_extra or {})["corral_finish_reason"]) == ("length", "mask_timeout")
     _parse_raises(data)
