@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,16 @@ AUTO = "auto"
 CONSTRAINT_KEYS = ("json", "json_object", "choice", "regex", "grammar")
 GRAMMAR_SYNTAXES = {"lark": GrammarKind.LARK, "ebnf": GrammarKind.EBNF, "gbnf": GrammarKind.EBNF}
 MAX_CHOICES = 10_000
+# vLLM's older request fields, each the structured_outputs key it stands for.
+LEGACY_KEYS = {
+    "guided_json": "json",
+    "guided_json_object": "json_object",
+    "guided_choice": "choice",
+    "guided_regex": "regex",
+    "guided_grammar": "grammar",
+    "guided_decoding_backend": "backend",
+}
+LEGACY_BACKEND_NAMES = {"guidance": "llguidance"}  # vLLM's name for llguidance
 
 
 @dataclass(frozen=True)
@@ -21,12 +32,17 @@ class ConstraintRequest:
     spec: GrammarSpec | None
     backend: str = AUTO
     source: str | None = None  # the request field the constraint came from, for error messages
+    backend_source: str = "structured_outputs.backend"  # the field that named the backend
 
 
-def parse_constraint(response_format: Any, structured_outputs: Any) -> ConstraintRequest:
-    """Exactly one constraint per request; two (in either or both places) is an error."""
+def parse_constraint(
+    response_format: Any, structured_outputs: Any, legacy: Mapping[str, Any] | None = None
+) -> ConstraintRequest:
+    """Exactly one constraint per request; two (in either or both places) is an error. `legacy` holds
+    vLLM's older guided_* fields, each read as the structured_outputs key it stands for."""
     found: list[tuple[str, GrammarSpec]] = []
     backend = AUTO
+    backend_source = "structured_outputs.backend"
     if response_format is not None:
         spec = _from_response_format(response_format)
         if spec is not None:
@@ -53,15 +69,28 @@ def parse_constraint(response_format: Any, structured_outputs: Any) -> Constrain
                     "structured_outputs.backend must be a backend name", param="structured_outputs.backend"
                 )
             backend = raw_backend
+    for name, value in (legacy or {}).items():
+        key = LEGACY_KEYS[name]
+        if key != "backend":
+            found.append((name, _from_structured(key, value, {}, param=name)))
+            continue
+        if not isinstance(value, str) or not value:
+            raise InvalidConstraint(f"{name} must be a backend name", param=name)
+        value = LEGACY_BACKEND_NAMES.get(value, value)
+        if isinstance(structured_outputs, dict) and structured_outputs.get("backend") is not None and value != backend:
+            raise InvalidConstraint(
+                f"{name} ({value!r}) and structured_outputs.backend ({backend!r}) disagree", param=name
+            )
+        backend, backend_source = value, name
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise InvalidConstraint(
             f"exactly one constraint per request is allowed, got {len(found)}: {names}", param=found[1][0]
         )
     if not found:
-        return ConstraintRequest(None, backend)
+        return ConstraintRequest(None, backend, backend_source=backend_source)
     source, spec = found[0]
-    return ConstraintRequest(spec, backend, source)
+    return ConstraintRequest(spec, backend, source, backend_source)
 
 
 def _from_response_format(rf: Any) -> GrammarSpec | None:
@@ -102,8 +131,8 @@ def _schema_spec(schema: Any, param: str) -> GrammarSpec:
     return GrammarSpec.json_schema(schema)
 
 
-def _from_structured(key: str, value: Any, block: dict[str, Any]) -> GrammarSpec:
-    param = f"structured_outputs.{key}"
+def _from_structured(key: str, value: Any, block: dict[str, Any], *, param: str | None = None) -> GrammarSpec:
+    param = param or f"structured_outputs.{key}"
     if key == "json":
         return _schema_spec(value, param)
     if key == "json_object":

@@ -16,7 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from samplers.watchdog import Trip
+from server.auth import ApiKeyMiddleware
 from server.errors import ApiError
+from server.openai.finish import finish_fields
 from server.openai.tools import ToolCallStream, chat_message
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
@@ -36,6 +38,10 @@ def create_app(service: Service) -> FastAPI:
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan)
     app.state.service = service
+    if service.settings.api_keys():
+        app.add_middleware(
+            ApiKeyMiddleware, keys=service.settings.api_keys(), protect_metrics=service.settings.metrics_require_key
+        )
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -120,7 +126,8 @@ def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
 def _final_body(
     service: Service, prepared: Prepared, done: Finished, rid: str, created: int, chat: bool
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, **finish_fields(done.finish_reason, service.settings.finish_reasons)}
+    choice["logprobs"] = None
     if chat:
         choice["message"] = chat_message(done.text, done.check)
     else:
@@ -146,7 +153,8 @@ async def _stream(
     def chunk(
         delta: str | None, finish_reason: str | None, first: bool = False, fields: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, **finish_fields(finish_reason, service.settings.finish_reasons)}
+        choice["logprobs"] = None
         if chat:
             content: dict[str, Any] = {"role": "assistant"} if first else {}
             if delta is not None:

@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from server.settings import Settings
 
@@ -30,13 +31,23 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
         elif name == "model_impl":
             p.add_argument(flag, dest=name, choices=["auto", "corral", "transformers"], default=None, help=help_text)
+        elif name == "api_key":
+            p.add_argument(flag, dest=name, action="append", default=None, metavar="KEY", help=help_text)
+        elif get_origin(info.annotation) is Literal:
+            p.add_argument(flag, dest=name, choices=list(get_args(info.annotation)), default=None, help=help_text)
         else:
             p.add_argument(flag, dest=name, default=None, help=help_text)
 
 
-def serve(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
-    settings = Settings(**overrides)
+    if "api_key" in overrides:  # repeated flags: one comma-separated setting, like CORRAL_API_KEY
+        overrides["api_key"] = ",".join(overrides["api_key"])
+    return Settings(**overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Heavy imports after argument parsing, so `corral --help` is instant.
     import uvicorn

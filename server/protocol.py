@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from server.openai.fields import Endpoint, screen
 
 
 class _Request(BaseModel):
-    # Unknown fields are ignored like OpenAI's API does; known ones are type-checked.
-    model_config = ConfigDict(extra="ignore")
+    # Every field is listed in server/openai/fields.py; `screen` refuses or drops what is not declared here.
+    model_config = ConfigDict(extra="forbid")
+    ENDPOINT: ClassVar[Endpoint]
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -18,7 +21,12 @@ class _Request(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1, description="corral returns one choice per request")
+    n: int = Field(1, ge=1, le=16)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int = Field(-1, ge=-1)          # vLLM: -1 or 0 = off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
@@ -26,7 +34,22 @@ class _Request(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     ignore_eos: bool = False
     max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
-    user: str | None = None
+    # vLLM's older constraint names, mapped onto structured_outputs (grammars/request.py)
+    guided_json: Any = None
+    guided_json_object: Any = None
+    guided_choice: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen(cls, data: Any) -> Any:
+        return screen(data, cls.ENDPOINT)
+
+    def legacy_constraint(self) -> dict[str, Any]:
+        """The guided_* fields the request carries, by name."""
+        return {name: getattr(self, name) for name in LEGACY_FIELDS if getattr(self, name) is not None}
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -56,15 +79,19 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Request):
+    ENDPOINT = Endpoint.CHAT
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
 
 class CompletionRequest(_Request):
+    ENDPOINT = Endpoint.COMPLETIONS
     prompt: str | list[str] = Field(...)
-    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):
@@ -72,6 +99,16 @@ class CompletionRequest(_Request):
         if len(self.prompt) != 1:
             raise ValueError("prompt: corral takes one prompt per request")
         return self.prompt[0]
+
+
+LEGACY_FIELDS = (
+    "guided_json",
+    "guided_json_object",
+    "guided_choice",
+    "guided_regex",
+    "guided_grammar",
+    "guided_decoding_backend",
+)
 
 
 def error_body(

@@ -29,6 +29,7 @@ from server.errors import ApiError, bad_request
 from server.metrics import Metrics
 from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
+from server.openai.fields import max_tokens_for
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -181,7 +182,7 @@ class Service:
                 code="context_length_exceeded",
             )
         try:
-            constraint = parse_constraint(req.response_format, req.structured_outputs)
+            constraint = parse_constraint(req.response_format, req.structured_outputs, req.legacy_constraint())
             if isinstance(req, ChatCompletionRequest):
                 tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
                 constraint = tool_constraint(tools, constraint, self.tool_format)
@@ -189,7 +190,7 @@ class Service:
         except InvalidConstraint as exc:
             raise bad_request(str(exc), param=exc.param) from exc
         except UnknownBackend as exc:
-            raise bad_request(str(exc), param="structured_outputs.backend") from exc
+            raise bad_request(str(exc), param=constraint.backend_source) from exc
         params = self._sampling_params(req, len(prompt_ids))
         compiled = await self._compile(constraint) if constraint.spec is not None else None
         return Prepared(
@@ -197,8 +198,10 @@ class Service:
         )
 
     def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
-        requested = req.max_completion_tokens or req.max_tokens or self.settings.default_max_tokens
         room = self.engine.max_len - prompt_len
+        max_tokens = max_tokens_for(
+            req.max_completion_tokens, req.max_tokens, room=room, default=self.settings.default_max_tokens
+        )
         bias: dict[int, float] = {}
         for key, value in (req.logit_bias or {}).items():
             try:
@@ -212,7 +215,7 @@ class Service:
                 )
             bias[token] = float(value)
         return SamplingParams(
-            max_tokens=min(requested, room),
+            max_tokens=max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,

@@ -59,8 +59,20 @@ class Settings(BaseSettings):
     tool_call_format: Literal["auto", "llama3_json", "hermes", "mistral"] = Field(
         "auto", description="how the model writes tool calls; auto: from its chat template (default model: llama3_json)"
     )
+    finish_reasons: Literal["openai", "precise"] = Field(
+        "openai",
+        description="openai: finish_reason stays in OpenAI's enum (failures read as length/content_filter) with "
+        "the precise reason in corral_finish_reason; precise: finish_reason is corral's own reason",
+    )
+    api_key: str | None = Field(
+        None, description="require `Authorization: Bearer <key>` on /v1/*; repeat the flag (or comma-separate)"
+    )
+    metrics_require_key: bool = Field(False, description="require an API key on /metrics too")
     backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
     log_level: str = "info"
+
+    def api_keys(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in (self.api_key or "").split(",") if k.strip())
 
     def backend_list(self) -> list[str]:
         return [b.strip() for b in self.backends.split(",") if b.strip()]

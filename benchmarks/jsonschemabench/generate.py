@@ -134,7 +134,9 @@ class ServerGenerator:
             return Reply("error", error=f"HTTP {response.status_code}: {response.text[:300]}")
         choice = body["choices"][0]
         grammar = body.get("grammar") or {}
-        return Reply("ok", choice["message"].get("content") or "", choice.get("finish_reason"),
+        # corral_finish_reason: the precise reason (finish_reason stays in OpenAI's enum by default)
+        reason = choice.get("corral_finish_reason", choice.get("finish_reason"))
+        return Reply("ok", choice["message"].get("content") or "", reason,
                      grammar.get("backend"), body.get("timings"), profile=grammar.get("profile"))
 
     async def close(self) -> None:

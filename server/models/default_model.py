@@ -3,13 +3,21 @@
 Its words are nonsense, but a fixed per-token logit preference (see `_token_bias`) makes constrained
 generation *finish*: end-of-turn first, then closing punctuation, then short literals. Without it a random
 model under a JSON grammar wanders inside strings until max_tokens.
+
+Unconstrained, that preference alone would end every answer at once. So a few embedding dimensions carry a
+*state* through the residual stream (the layers are too small to disturb it): the generation prompt's last
+token and four classes of word tokens each point to the next class, and end-of-turn is pushed down while a
+state is open. Free text reads "Capitalised word word word." and then ends; everywhere else (JSON
+punctuation, digits, quotes) no state is set and the structural preference is unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -22,7 +30,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 # Bump when anything below changes the produced files, so old caches are ignored rather than reused.
-VERSION = "v2"
+VERSION = "v3"
 MODEL_DIRNAME = f"default-model-{VERSION}"
 _MARKER = "corral-default-model.json"
 
@@ -64,6 +72,15 @@ _NOT_PREFERRED = set("{[(\\")
 _SEPARATORS = (",", ".")
 # Byte-level BPE spells bytes 9-13 and 32 (\t \n \v \f \r space) as these characters.
 _WHITESPACE_CHARS = frozenset("ĉĊċČčĠ")
+
+# Free-text states (see the module docstring): embedding dimension -> the class its tokens lead to.
+GENERATION_PROMPT_END = "ĊĊ"  # "\n\n" after <|end_header_id|>: the last token of every chat prompt
+STATE_DIMS = (1, 2, 3, 4, 5)  # prompt end, Capitalised word, then three classes of " word"
+STATE_EMBED = 1.0  # the state dimension's embedding value (dim 0 stays EMBED_DIM0)
+BIAS_NEXT_WORD = 25.0  # the next class outranks every structural tier while a state is open
+BIAS_OPEN_STATE_EOT = -25.0  # end-of-turn (and end-of-text) lose while the run of words is not finished
+_CAPITALISED = re.compile(r"[A-Z][a-z]{2,}")
+_SPACED_WORD = re.compile(r"Ġ[a-z]{3,}")
 
 EMBED_DIM0 = 1.0  # the constant component that dominates every token embedding after RMSNorm
 EMBED_STD = 0.02
@@ -201,7 +218,7 @@ def _build(out_dir: Path) -> None:
     )
     torch.manual_seed(SEED)
     model: Any = LlamaForCausalLM(config)
-    _init_weights(model, _token_bias(tok, vocab_size))
+    _init_weights(model, _token_bias(tok, vocab_size), _word_states(tok))
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=bos_id, eos_token_id=[eot_id, eod_id], pad_token_id=eod_id
     )
@@ -216,14 +233,30 @@ def _build(out_dir: Path) -> None:
     )
 
 
+def _word_states(tok: Any) -> list[tuple[list[int], list[int]]]:
+    """Per state dimension: (tokens that set it, tokens it prefers next). The chain is prompt end ->
+    Capitalised -> word -> word -> word -> "."; after ".", no state is open and end-of-turn wins."""
+    vocab: dict[str, int] = tok.get_vocab()
+    capitalised = sorted(i for t, i in vocab.items() if _CAPITALISED.fullmatch(t))
+    words = sorted(i for t, i in vocab.items() if _SPACED_WORD.fullmatch(t))
+    thirds = [words[k::3] for k in range(3)]
+    chain = [[vocab[GENERATION_PROMPT_END]], capitalised, *thirds, [vocab["."]]]
+    return list(itertools.pairwise(chain))
+
+
 @torch.no_grad()
-def _init_weights(model: torch.nn.Module, bias: torch.Tensor) -> None:
+def _init_weights(
+    model: torch.nn.Module, bias: torch.Tensor, states: list[tuple[list[int], list[int]]]
+) -> None:
     """Fill every parameter from one seeded generator, independent of transformers' own init order."""
     gen = torch.Generator().manual_seed(SEED)
     for name, param in model.named_parameters():
         if name.endswith("embed_tokens.weight"):
             param.normal_(0.0, EMBED_STD, generator=gen)
             param[:, 0] = EMBED_DIM0
+            param[:, list(STATE_DIMS)] = 0.0
+            for dim, (members, _) in zip(STATE_DIMS, states, strict=True):
+                param[members, dim] = STATE_EMBED
         elif name.endswith("lm_head.weight"):
             param.normal_(0.0, LM_HEAD_STD, generator=gen)
             preferred = bias > 0
@@ -231,7 +264,20 @@ def _init_weights(model: torch.nn.Module, bias: torch.Tensor) -> None:
             param[bias >= BIAS_END_OF_TEXT, 1:] = 0.0
             param[bias < 0, 1:] = 0.0
             param[:, 0] = bias / HIDDEN**0.5
+            _set_state_columns(param, bias, states)
         elif param.ndim == 1:
             param.fill_(1.0)  # RMSNorm gains (Llama has no biases)
         else:
             param.normal_(0.0, LAYER_STD, generator=gen)
+
+
+def _set_state_columns(lm_head: torch.Tensor, bias: torch.Tensor, states: list[tuple[list[int], list[int]]]) -> None:
+    """lm_head columns that read the state dimensions. After the final RMSNorm a token with a state has
+    both dim 0 and its state dim at sqrt(HIDDEN) * value / sqrt(EMBED_DIM0**2 + STATE_EMBED**2)."""
+    scale = HIDDEN**0.5 * STATE_EMBED / (EMBED_DIM0**2 + STATE_EMBED**2) ** 0.5
+    stops = torch.nonzero(bias >= BIAS_END_OF_TEXT).flatten().tolist()
+    lm_head[:, list(STATE_DIMS)] = 0.0
+    for dim, (_, successors) in zip(STATE_DIMS, states, strict=True):
+        lm_head[successors, dim] = BIAS_NEXT_WORD / scale
+        if successors != states[-1][1]:  # the last state prefers "."; end-of-turn may follow where "." cannot
+            lm_head[stops, dim] = BIAS_OPEN_STATE_EOT / scale

@@ -46,7 +46,8 @@ def test_whitespace_loop_under_a_regex_is_cut_short(server: RunningServer, clien
     elapsed = time.monotonic() - started
     other.join(timeout=60)
     choice = resp.choices[0]
-    assert choice.finish_reason == "stall"  # the SDK parses the documented reason
+    assert choice.finish_reason == "length"  # OpenAI's enum; the precise reason beside it
+    assert (choice.model_extra or {})["corral_finish_reason"] == "stall"
     assert resp.usage.completion_tokens == 64  # the default whitespace limit, not the 3000-token budget
     assert resp.model_extra["grammar"]["watchdog"] == "stall"
     assert resp.model_extra["grammar"]["schema_valid"] is None and resp.model_extra["grammar"]["valid"] is False
@@ -70,7 +71,8 @@ def test_revisions_over_http_stream_only_final_text(server: RunningServer, clien
         "ignore_eos": True,
     }
     whole = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60).json()
-    assert whole["choices"][0]["finish_reason"] == "revision_depth_exceeded"
+    assert whole["choices"][0]["finish_reason"] == "length"
+    assert whole["choices"][0]["corral_finish_reason"] == "revision_depth_exceeded"
     stream = client.chat.completions.create(
         stream=True,
         **{k: v for k, v in body.items() if k not in ("max_revisions", "ignore_eos")},
@@ -79,7 +81,8 @@ def test_revisions_over_http_stream_only_final_text(server: RunningServer, clien
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     last = [c for c in chunks if c.choices][-1]
-    assert last.choices[0].finish_reason == "revision_depth_exceeded"
+    assert last.choices[0].finish_reason == "length"
+    assert (last.choices[0].model_extra or {})["corral_finish_reason"] == "revision_depth_exceeded"
     assert last.model_extra["grammar"]["revisions"] == 2
     assert whole["grammar"]["watchdog"] == "revision_depth_exceeded"
     assert text == whole["choices"][0]["message"]["content"]
