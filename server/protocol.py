@@ -18,7 +18,12 @@ class _Request(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1, description="corral returns one choice per request")
+    n: int = Field(1, ge=1, le=16)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int = Field(-1, ge=-1)  # vLLM: -1 or 0 = off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
@@ -55,11 +60,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str] = Field(...)
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):

@@ -28,6 +28,7 @@ from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqO
 from server.errors import ApiError, bad_request
 from server.metrics import Metrics
 from server.models import LoadedModel
+from server.openai.logprobs import requested_logprobs
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
 
@@ -205,13 +206,21 @@ class Service:
                     param="logit_bias",
                 )
             bias[token] = float(value)
+        logprobs, top_logprobs = requested_logprobs(req)
         return SamplingParams(
             max_tokens=min(requested, room),
             temperature=req.temperature,
             top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
             seed=req.seed,
             stop=req.stop_list(),
             logit_bias=bias,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
             ignore_eos=req.ignore_eos,
             max_revisions=req.max_revisions,
         )
