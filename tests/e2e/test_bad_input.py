@@ -230,7 +230,7 @@ def test_completion_prompt_longer_than_context(client: openai.OpenAI) -> None:
     ("temperature", 5, "less than or equal"),
     ("top_p", 0, "greater than"),
     ("max_tokens", 0, "greater than or equal"),
-    ("n", 2, "less than or equal"),
+    ("n", 17, "less than or equal"),
     ("seed", "abc", "integer"),
 ])
 def test_malformed_body_field(client: openai.OpenAI, field: str, value: Any, words: str) -> None:
