@@ -117,6 +117,26 @@ def test_completions_logprobs_have_openais_shape(client: Any) -> None:
         assert top[token] == logprob and 2 <= len(top) <= 3  # the top 2, plus the sampled token (OpenAI)
 
 
+def test_streamed_completions_logprobs_line_up_with_the_text(client: Any) -> None:
+    stream = client.completions.create(
+        model="corral-default",
+        prompt="Letters:",
+        logprobs=1,
+        stream=True,
+        max_tokens=40,
+        extra_body={"structured_outputs": {"regex": "[a-z ]{16}"}},
+    )
+    text, tokens, offsets = "", [], []
+    for chunk in stream:
+        choice = chunk.choices[0]
+        text += choice.text
+        if choice.logprobs is not None:
+            tokens += choice.logprobs.tokens
+            offsets += choice.logprobs.text_offset
+    assert text and "".join(tokens) == text
+    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]  # offsets count from the answer's start
+
+
 def test_streaming_n_sends_each_choice_under_its_own_index(client: Any) -> None:
     stream = chat(client, n=2, stream=True, temperature=1.0, seed=5, logprobs=True, response_format=PERSON_FORMAT)
     text: dict[int, str] = {0: "", 1: ""}
