@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,8 +18,8 @@ from sse_starlette.sse import EventSourceResponse
 from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
 from server.errors import ApiError
-from server.openai.finish import finish_fields
-from server.openai.tools import ToolCallStream, chat_message
+from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
+from server.openai.tools import ToolCallStream
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
 
@@ -110,12 +110,14 @@ async def _respond(
     created = int(time.time())
     prefix = "chatcmpl" if chat else "cmpl"
     response_id = f"{prefix}-{prepared.request_id}"
+    choices = expand(prepared, req.n)
     if req.stream:
-        return EventSourceResponse(_stream(service, req, prepared, response_id, created, chat), ping=15)
-    done = await service.run(prepared)
-    if done.finish_reason == HUNG:
-        raise ApiError(503, done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
-    return JSONResponse(_final_body(service, prepared, done, response_id, created, chat))
+        return EventSourceResponse(_stream(service, req, choices, response_id, created, chat), ping=15)
+    done = await run_choices(service, choices)
+    hung = next((d for d in done if d.finish_reason == HUNG), None)
+    if hung is not None:
+        raise ApiError(503, hung.seq.error or "the engine hung", type_="server_error", code="engine_hung")
+    return JSONResponse(_final_body(service, done, response_id, created, chat))
 
 
 def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
@@ -123,72 +125,74 @@ def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-def _final_body(
-    service: Service, prepared: Prepared, done: Finished, rid: str, created: int, chat: bool
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, **finish_fields(done.finish_reason, service.settings.finish_reasons)}
-    choice["logprobs"] = None
-    if chat:
-        choice["message"] = chat_message(done.text, done.check)
-    else:
-        choice["text"] = done.text
+def _final_body(service: Service, done: list[Finished], rid: str, created: int, chat: bool) -> dict[str, Any]:
+    tokenizer = service.loaded.tokenizer
+    choices = [
+        choice_body(
+            i,
+            d,
+            chat=chat,
+            logprobs=logprobs_body(d.seq.logprobs, d.prepared, tokenizer, chat=chat),
+            finish_mode=service.settings.finish_reasons,
+            extras=service.extras(d) if len(done) > 1 else None,
+        )
+        for i, d in enumerate(done)
+    ]
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": service.model_name,
-        "choices": [choice],
-        "usage": _usage(prepared, len(done.seq.output_ids)),
-        **service.extras(done),
+        "choices": choices,
+        "usage": _usage(done[0].prepared, sum(len(d.seq.output_ids) for d in done)),
+        **service.extras(done[0]),  # with n > 1, each choice also carries its own
     }
 
 
 async def _stream(
-    service: Service, req: _Request, prepared: Prepared, rid: str, created: int, chat: bool
+    service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
 ) -> AsyncIterator[str]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    tool_stream = ToolCallStream.of(prepared.constraint) if chat else None
-
-    def chunk(
-        delta: str | None, finish_reason: str | None, first: bool = False, fields: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, **finish_fields(finish_reason, service.settings.finish_reasons)}
-        choice["logprobs"] = None
-        if chat:
-            content: dict[str, Any] = {"role": "assistant"} if first else {}
-            if delta is not None:
-                content["content"] = delta
-            choice["delta"] = {**content, **(fields or {})}
-        else:
-            choice["text"] = delta or ""
+    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [choice]}
 
-    if chat:  # a tool-call answer's content stays null unless it turns out to be text
-        yield json.dumps(chunk(None if tool_stream else "", None, first=True))
-    async for out in service.stream(prepared):
-        if tool_stream is not None:  # calls (or text) as OpenAI's deltas, the last one's with the finish
-            for fields in tool_stream.feed(out.delta or "", final=out.finished):
-                yield json.dumps(chunk(None, None, fields=fields))
-        if not out.finished:
-            if out.delta and tool_stream is None:
-                yield json.dumps(chunk(out.delta, None))
-            continue
-        done = service.finish(prepared, out)
-        if done.finish_reason == HUNG:
-            yield json.dumps(error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung"))
-            return
-        last = chunk(None if tool_stream else out.delta or None, done.finish_reason)
-        last.update(service.extras(done))
-        yield json.dumps(last)
-        if req.include_usage():
-            usage_chunk = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": service.model_name,
-                "choices": [],
-                "usage": _usage(prepared, len(done.seq.output_ids)),
-            }
-            yield json.dumps(usage_chunk)
+    mode = service.settings.finish_reasons
+    # A tool-call answer's content stays null unless it turns out to be text; its calls go out as deltas.
+    tool_streams = [ToolCallStream.of(p.constraint) if chat else None for p in choices]
+    if chat:
+        for index, tools in enumerate(tool_streams):
+            first = chunk_choice(index, None if tools else "", None, chat=chat, finish_mode=mode, first=True)
+            yield json.dumps(chunk(first))
+    streamed: list[list[int]] = [[] for _ in choices]  # token ids whose logprobs went out, per choice
+    completion_tokens = 0
+    async with aclosing(stream_choices(service, choices)) as outputs:
+        async for index, out in outputs:
+            prepared, tools = choices[index], tool_streams[index]
+            tokenizer = service.loaded.tokenizer
+            logprobs = logprobs_body(out.logprobs, prepared, tokenizer, chat=chat, before=streamed[index])
+            streamed[index] += [e.token for e in out.logprobs]
+            if tools is not None:
+                for fields in tools.feed(out.delta or "", final=out.finished):
+                    piece = chunk_choice(index, None, None, chat=chat, finish_mode=mode, fields=fields)
+                    yield json.dumps(chunk(piece))
+            if not out.finished:
+                if out.delta and tools is None:
+                    piece = chunk_choice(index, out.delta, None, chat=chat, finish_mode=mode, logprobs=logprobs)
+                    yield json.dumps(chunk(piece))
+                continue
+            done = service.finish(prepared, out)
+            if done.finish_reason == HUNG:
+                error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
+                yield json.dumps(error)
+                return
+            text = None if tools else out.delta or None
+            last = chunk(chunk_choice(index, text, done.finish_reason, chat=chat, finish_mode=mode, logprobs=logprobs))
+            last.update(service.extras(done))
+            yield json.dumps(last)
+            completion_tokens += len(done.seq.output_ids)
+    if req.include_usage():
+        usage_chunk = chunk({})
+        usage_chunk.update(choices=[], usage=_usage(choices[0], completion_tokens))
+        yield json.dumps(usage_chunk)
     yield "[DONE]"

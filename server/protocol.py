@@ -25,7 +25,7 @@ class _Request(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    top_k: int = Field(-1, ge=-1)          # vLLM: -1 or 0 = off
+    top_k: int = Field(-1, ge=-1)  # vLLM: -1 or 0 = off
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     stream: bool = False
     stream_options: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ from server.metrics import Metrics
 from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
 from server.openai.fields import max_tokens_for
+from server.openai.logprobs import requested_logprobs
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -214,13 +215,21 @@ class Service:
                     param="logit_bias",
                 )
             bias[token] = float(value)
+        logprobs, top_logprobs = requested_logprobs(req)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
             seed=req.seed,
             stop=req.stop_list(),
             logit_bias=bias,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
             ignore_eos=req.ignore_eos,
             max_revisions=req.max_revisions,
         )

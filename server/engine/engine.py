@@ -15,6 +15,7 @@ import torch
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits
+from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
@@ -89,13 +90,14 @@ class Engine:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
         live = self._apply_masks(logits, batch, masks)
-        tokens = sample_rows(logits[live], [batch[i].params for i in live], [batch[i].generator for i in live])
-        for row, token in zip(live, tokens, strict=True):
-            seq = batch[row]
+        rows = [batch[i] for i in live]
+        histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
+        sampled = sample_rows(logits[live], [s.params for s in rows], [s.generator for s in rows], histories)
+        for seq, token, logprob in zip(rows, sampled.tokens, sampled.logprobs, strict=True):
             if token == self.revise_id:
                 self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
             else:
-                self._advance(seq, token)
+                self._advance(seq, token, logprob)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -182,7 +184,7 @@ class Engine:
         return [i for i in live if i not in stuck]
 
     # -- tokens ------------------------------------------------------------------------------------
-    def _advance(self, seq: Sequence, token: int) -> None:
+    def _advance(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         """Take the sampled token: end on a stop token, else accept it, append forced tokens, check limits."""
         now = time.perf_counter()
         seq.stats.first_token = seq.stats.first_token or now
@@ -204,6 +206,8 @@ class Engine:
                     break
                 appended.append(forced)
             seq.stats.forced_tokens += len(appended) - 1
+        if logprob is not None:  # forced tokens were the only ones allowed: probability 1
+            seq.logprobs += [logprob, *(TokenLogprob.forced(t, seq.params.top_logprobs) for t in appended[1:])]
         seq.output_ids.extend(appended)
         seq.stats.sampled_tokens += 1
         seq.pending = appended
@@ -237,6 +241,7 @@ class Engine:
             # differently. Refuse it at this position and run the step again.
             assert self.revise_id is not None
             seq.revision.ban(len(seq.output_ids), self.revise_id)
+        del seq.logprobs[len(seq.output_ids) :]  # the retracted tokens' entries go with them
         # Re-feed the last kept token: its KV position is rewritten with identical values and its
         # logits are exactly those a fresh prefill of the kept tokens would give.
         kept_last = seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]
@@ -295,7 +300,7 @@ class Engine:
                     break
         if safe > seq.emitted:
             delta, seq.emitted = text[seq.emitted : safe], safe
-            seq.sink(SeqOutput(seq.request_id, delta, False, None, seq))
+            seq.sink(SeqOutput(seq.request_id, delta, False, None, seq, self._logprobs_out(seq, final=False)))
         return False
 
     def _trip(self, seq: Sequence, kind: Trip, message: str) -> None:
@@ -314,7 +319,26 @@ class Engine:
             seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         delta = seq.text[seq.emitted :] if reason != "abort" else ""
         seq.emitted = len(seq.text)
-        seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq))
+        seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq, self._logprobs_out(seq, final=True)))
+
+    def _logprobs_out(self, seq: Sequence, *, final: bool) -> list[TokenLogprob]:
+        """The entries not yet sent whose tokens' text is now out in full, and that no revision can take back.
+        At the end: all the rest, less those past a stop-string cut (dropped from `seq.logprobs` too)."""
+        if not seq.params.logprobs:
+            return []
+        ids, sent = seq.output_ids, seq.logprobs_sent
+        if not final:
+            end = tokens_within(self._decode, ids, sent, seq.revision.stable_tokens(len(ids)), seq.emitted)
+        elif seq.text_cut:
+            end = tokens_reaching(self._decode, ids, sent, len(seq.text))
+            del seq.logprobs[end:]
+        else:
+            end = len(ids)
+        seq.logprobs_sent = max(sent, end)
+        return seq.logprobs[sent:end]
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def fail_all(self, message: str, reason: str = "error") -> None:
         """End every live sequence with an error (the loop hit an exception, or a step hung)."""

@@ -1,4 +1,11 @@
-"""Per-request sampling parameters and the per-row sampler (temperature, top_p, seed, logit_bias)."""
+"""Per-request sampling parameters and the batch sampler.
+
+Order of operations for one row of masked logits (the grammar mask and the engine's bans are already -inf):
+`logit_bias` → penalties (repetition, then frequency and presence) → greedy: argmax; sampled: temperature →
+`min_p` → `top_k` → `top_p` → draw. A bias or penalty never revives a masked token (-inf stays -inf), and each
+filter always keeps the most likely token. Rows share tensor operations; only seeded draws run one row at a time
+(each has its own generator).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +14,45 @@ from dataclasses import dataclass, field
 
 import torch
 
+from server.engine.logprobs import TokenLogprob
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # vLLM: -1 or 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0  # over output tokens: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # over output tokens: subtracted once per occurrence
+    repetition_penalty: float = 1.0  # over prompt + output tokens: positive logits divided, negative multiplied
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: bool = False  # record each output token's logprob (see server/engine/logprobs.py)
+    top_logprobs: int = 0  # with `logprobs`: this many most likely alternatives per position
     ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens; stall detection is off
     max_revisions: int | None = None  # None: the engine's default depth limit
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 1e-5
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def filtered(self) -> bool:
+        """A sampled row that needs the sorted-vocabulary filters."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+@dataclass(frozen=True)
+class Sampled:
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]  # None where the row did not ask for logprobs
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -36,30 +67,136 @@ def sample_rows(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
-) -> list[int]:
-    """One token per row of masked float logits [B, V] (biases are added in place). Greedy rows share one
-    argmax; sampled rows differ in parameters and generators, so each is drawn alone."""
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+) -> Sampled:
+    """One token per row of masked float logits [B, V], modified in place: afterwards each row holds the
+    logits of the distribution its token was drawn from (what logprobs report). `histories` gives each row's
+    (prompt ids, output ids); only penalised rows read it."""
+    _add_biases(logits, params)
+    penalized = [row for row, p in enumerate(params) if p.penalized]
+    if penalized:
+        if histories is None:
+            raise ValueError("penalties need each row's prompt and output tokens")
+        _apply_penalties(logits, [params[r] for r in penalized], [histories[r] for r in penalized], penalized)
+    tokens = [0] * len(params)
+    greedy = [row for row, p in enumerate(params) if p.greedy]
+    if greedy:
+        picked = torch.argmax(logits if len(greedy) == len(params) else logits[greedy], dim=-1).tolist()
+        for row, token in zip(greedy, picked, strict=True):
+            tokens[row] = int(token)
+    sampled = [row for row, p in enumerate(params) if not p.greedy]
+    if sampled:
+        for row, token in zip(sampled, _draw(logits, params, generators, sampled), strict=True):
+            tokens[row] = token
+    wanted = [row for row, p in enumerate(params) if p.logprobs]
+    entries: list[TokenLogprob | None] = [None] * len(params)
+    if wanted:
+        for row, entry in zip(wanted, _logprobs(logits, params, tokens, wanted), strict=True):
+            entries[row] = entry
+    return Sampled(tokens, entries)
+
+
+def _add_biases(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
     for row, p in enumerate(params):
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), device=logits.device)
             bias = torch.tensor(list(p.logit_bias.values()), device=logits.device, dtype=logits.dtype)
             logits[row, ids] += bias  # a bias never revives a masked token: -inf stays -inf
-    tokens = [0] * len(params)
-    greedy = [row for row, p in enumerate(params) if p.greedy]
-    if greedy:
-        picked = torch.argmax(logits[greedy], dim=-1).tolist()
-        for row, token in zip(greedy, picked, strict=True):
-            tokens[row] = int(token)
-    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
-            continue
-        probs = torch.softmax(logits[row] / p.temperature, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            cumulative = torch.cumsum(sorted_probs, dim=-1)
-            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-            drop = cumulative - sorted_probs > p.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, device=like.device, dtype=like.dtype)[:, None]
+
+
+def _counts(id_lists: Sequence[Sequence[int]], vocab: int, like: torch.Tensor) -> torch.Tensor:
+    """[R, V] occurrence counts of each row's token ids (ids past the logits' width are ignored)."""
+    counts = torch.zeros((len(id_lists), vocab + 1), device=like.device, dtype=like.dtype)
+    width = max((len(ids) for ids in id_lists), default=0)
+    if width:
+        padded = torch.full((len(id_lists), width), vocab, device=like.device, dtype=torch.long)
+        for row, ids in enumerate(id_lists):
+            if ids:
+                padded[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long).clamp_(max=vocab)
+        counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=like.dtype))
+    return counts[:, :vocab]  # the last column collected the padding
+
+
+def _apply_penalties(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+    rows: list[int],
+) -> None:
+    """vLLM's semantics: repetition over prompt + output tokens, presence and frequency over output tokens."""
+    vocab = logits.shape[1]
+    sub = logits[rows]
+    output = _counts([out for _, out in histories], vocab, sub)
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = (output > 0) | (_counts([prompt for prompt, _ in histories], vocab, sub) > 0)
+        factor = _column([p.repetition_penalty for p in params], sub)
+        # -inf * factor is still -inf (factor > 0), so masked tokens stay masked.
+        sub = torch.where(seen, torch.where(sub > 0, sub / factor, sub * factor), sub)
+    sub = sub - _column([p.frequency_penalty for p in params], sub) * output
+    sub = sub - _column([p.presence_penalty for p in params], sub) * (output > 0).to(sub.dtype)
+    logits[rows] = sub
+
+
+def _filter(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """min_p, then top_k, then top_p on temperature-scaled logits [R, V]; dropped tokens become -inf.
+    The most likely token always survives."""
+    ordered, order = torch.sort(x, dim=-1, descending=True)
+    probs = torch.softmax(ordered, dim=-1)
+    drop = probs < _column([p.min_p for p in params], probs) * probs[:, :1]
+    ranks = torch.arange(x.shape[1], device=x.device)[None, :]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else x.shape[1] for p in params], device=x.device)[:, None]
+    drop |= ranks >= top_k
+    if any(p.top_p < 1.0 for p in params):
+        kept = torch.softmax(ordered.masked_fill(drop, float("-inf")), dim=-1)
+        before = torch.cumsum(kept, dim=-1) - kept  # mass of the more likely tokens still kept
+        top_p = _column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], kept)
+        drop |= before > top_p  # keep the smallest prefix whose mass reaches top_p
+    return x.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def _draw(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    rows: list[int],
+) -> list[int]:
+    x = logits[rows] / _column([params[r].temperature for r in rows], logits)
+    filtered = [i for i, r in enumerate(rows) if params[r].filtered]
+    if filtered:
+        x[filtered] = _filter(x[filtered], [params[rows[i]] for i in filtered])
+    logits[rows] = x
+    probs = torch.softmax(x, dim=-1)
+    tokens = [0] * len(rows)
+    shared = [i for i, r in enumerate(rows) if generators[r] is None]
+    if shared:  # unseeded rows draw together from the global generator
+        for i, token in zip(shared, torch.multinomial(probs[shared], 1).squeeze(1).tolist(), strict=True):
+            tokens[i] = int(token)
+    for i, r in enumerate(rows):
+        generator = generators[r]
+        if generator is not None:  # a seed makes a row reproducible whatever else is in the batch
+            tokens[i] = int(torch.multinomial(probs[i], 1, generator=generator).item())
     return tokens
+
+
+def _logprobs(
+    logits: torch.Tensor, params: Sequence[SamplingParams], tokens: list[int], rows: list[int]
+) -> list[TokenLogprob]:
+    dist = torch.log_softmax(logits[rows], dim=-1)
+    chosen = dist[torch.arange(len(rows)), torch.tensor([tokens[r] for r in rows])].tolist()
+    k = min(max(params[r].top_logprobs for r in rows), dist.shape[1])
+    top_values, top_ids = torch.topk(dist, k, dim=-1) if k else (dist[:, :0], dist[:, :0].long())
+    entries = []
+    for i, r in enumerate(rows):
+        n = params[r].top_logprobs
+        # Tokens of probability 0 (masked or filtered out) are never listed as alternatives.
+        top = tuple(
+            (int(t), float(v))
+            for t, v in zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist(), strict=True)
+            if v != float("-inf")
+        )
+        entries.append(TokenLogprob(tokens[r], float(chosen[i]), top))
+    return entries

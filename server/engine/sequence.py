@@ -12,6 +12,7 @@ import torch
 from samplers.protocol import Matcher, SamplerBackend
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector
+from server.engine.logprobs import TokenLogprob
 from server.engine.sampling import SamplingParams
 
 
@@ -44,6 +45,7 @@ class SeqOutput:
     finished: bool
     finish_reason: str | None
     seq: Sequence
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # entries of the tokens `delta` completes
 
 
 @dataclass(eq=False)
@@ -67,6 +69,10 @@ class Sequence:
     text: str = ""  # decoded output so far (after stop-string truncation)
     text_cut: bool = False  # a stop string truncated `text`; it must not be re-decoded
     emitted: int = 0  # characters of `text` already handed to the sink
+    # With params.logprobs: one entry per output token (revisions drop theirs; a stop string cut drops those
+    # past the cut at the end); `logprobs_sent` of them have gone to the sink.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs_sent: int = 0
     stats: SeqStats = field(default_factory=SeqStats)
     # Set by the engine when the sequence is admitted (they depend on engine-wide settings).
     revision: RevisionTracker = field(default_factory=lambda: RevisionTracker(0))
