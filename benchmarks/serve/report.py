@@ -104,13 +104,16 @@ def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
     modes = list(dict.fromkeys(r["mode"] for r in runs))
     width = 0.8 / max(1, len(modes))
     fig, ax = plt.subplots(figsize=(7, 4))
+    # A peer's bars take the colour of corral's bars of the same mode, hatched.
+    colours = {m: f"C{k}" for k, m in enumerate(dict.fromkeys(m.removeprefix(PEER_PREFIX) for m in modes))}
     for i, mode in enumerate(modes):
         values = []
         for level in levels:
             run = next((r for r in runs if r["mode"] == mode and r["concurrency"] == level), None)
             values.append((run or {}).get("throughput_tok_s") or 0.0)
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(levels))]
-        bars = ax.bar(xs, values, width, label=mode, hatch="//" if mode.startswith(PEER_PREFIX) else None)
+        bars = ax.bar(xs, values, width, label=mode, color=colours[mode.removeprefix(PEER_PREFIX)],
+                      hatch="//" if mode.startswith(PEER_PREFIX) else None)
         ax.bar_label(bars, fmt="%.0f", fontsize="small")
     if baseline is not None and baseline.get("throughput_tok_s"):
         ax.axhline(baseline["throughput_tok_s"], color="black", linestyle="--",
