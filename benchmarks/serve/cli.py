@@ -99,14 +99,7 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.logging import RichHandler
-
-    console = Console()
-    if not console.is_terminal:  # logs and CI: keep the wide table readable
-        console = Console(width=220)
-    logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
+    console = bench_console(args.log_level, width=220)
     from benchmarks.serve.runner import ServeBenchConfig, run_serve_bench
 
     try:
@@ -129,6 +122,20 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
     _print_report(console, results)
     return 0
+
+
+def bench_console(log_level: str, width: int) -> Any:
+    """A rich console for tables and progress, logging through it; `width` when not a terminal (logs and
+    CI), so wide tables stay readable."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=width)
+    logging.basicConfig(level=log_level.upper(), format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    return console
 
 
 class RichProgress:

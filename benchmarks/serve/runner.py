@@ -7,7 +7,7 @@ import logging
 import os
 import platform
 import time
-from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +18,7 @@ from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.client import Endpoint, make_client, run_level, send
 from benchmarks.serve.peer import resolve_peer_model
 from benchmarks.serve.report import throughput_plot, write_json
-from benchmarks.serve.server_proc import ManagedServer, wait_healthy
+from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, summarize_run
 from benchmarks.serve.workload import CONSTRAINT_FIELDS, candidate_cases
 
@@ -207,14 +207,8 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     """The whole benchmark; writes OUT/results.json and OUT/throughput.png and returns the results."""
     progress = progress or Silent()
     started = time.perf_counter()
-    managed: AbstractContextManager[Any] = (
-        nullcontext() if config.server else ManagedServer(config.server_args, config.out / "server.log"))
-    with managed as server:
-        base_url = config.server.rstrip("/") if config.server else server.url
-        if config.server:
-            wait_healthy(base_url, 10.0)
+    with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
         driven = asyncio.run(drive(config, base_url, progress))
-        server_command = None if config.server else server.command
     selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
     if config.baseline:

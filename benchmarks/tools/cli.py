@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +41,9 @@ def add_tools_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_tools(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.logging import RichHandler
+    from benchmarks.serve.cli import RichProgress, bench_console
 
-    from benchmarks.serve.cli import RichProgress
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
-    logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
+    console = bench_console(args.log_level, width=160)
     from benchmarks.tools.runner import ToolsBenchConfig, ToolsUnsupported, run_tools_bench
 
     try:

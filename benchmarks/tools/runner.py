@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import httpx
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.client import make_client, post_chat
 from benchmarks.serve.runner import Progress, Silent, machine_notes
-from benchmarks.serve.server_proc import ManagedServer, wait_healthy
+from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.workload import candidate_cases
 from benchmarks.tools.judge import ToolResult, judge_answer, summarize
 from benchmarks.tools.report import outcome_plot, per_subset, write_json
@@ -116,14 +115,8 @@ def run_tools_bench(config: ToolsBenchConfig, progress: Progress | None = None) 
     progress = progress or Silent()
     started = time.perf_counter()
     cases = select_cases(config.data, config.schemas)
-    managed: AbstractContextManager[Any] = (
-        nullcontext() if config.server else ManagedServer(config.server_args, config.out / "server.log"))
-    with managed as server:
-        base_url = config.server.rstrip("/") if config.server else server.url
-        if config.server:
-            wait_healthy(base_url, 10.0)
+    with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
         results = asyncio.run(drive(config, base_url, cases, progress))
-        server_command = None if config.server else server.command
     summary = summarize(results)
     report: dict[str, Any] = {
         "config": {**asdict(config), "data": str(config.data), "out": str(config.out), "api_key": None},
