@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from grammars.spec import GrammarSpec
 from grammars.validation import validate_output
 
 TEXT_KEPT = 300
+_NUMBER = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,9 @@ class Summary:
 
 
 def refusal_key(message: str | None) -> str:
-    """Refusal messages grouped by their first clause (schema-specific detail after ':' dropped)."""
-    return (message or "no message").split(":")[0].strip()[:120]
+    """Refusal messages grouped: the first clause (schema-specific detail after ':' dropped), numbers as N
+    ("the prompt is N tokens; this model's context is N tokens ...")."""
+    return _NUMBER.sub("N", (message or "no message").split(":")[0].strip())[:120]
 
 
 def summarize(results: Sequence[ToolResult]) -> Summary:

@@ -83,18 +83,21 @@ def test_summary_counts_every_outcome() -> None:
         ToolResult("S/a.json", "refused", 400, error="schema feature not supported: 'not' at /x"),
         ToolResult("S/b.json", "refused", 400, error="schema feature not supported: 'if' at /y"),
         ToolResult("S/c.json", "error", 500, error="boom"),
+        ToolResult("S/d.json", "refused", 400, error="the prompt is 5640 tokens; the context is 4096 tokens"),
+        ToolResult("S/e.json", "refused", 400, error="the prompt is 12843 tokens; the context is 4096 tokens"),
     ]
     s = summarize(results)
-    assert (s.tried, s.refused, s.errors, s.answered) == (7, 2, 1, 4)
+    assert (s.tried, s.refused, s.errors, s.answered) == (9, 4, 1, 4)
     assert (s.with_tool_calls, s.without_tool_calls, s.calls, s.calls_valid, s.calls_invalid) == (3, 1, 4, 3, 1)
     assert s.compliance == pytest.approx(3 / 4) and s.call_rate == pytest.approx(3 / 4)
     assert s.finish_mismatch == 1  # the call that finished with "length"
     assert s.finish_reasons == {"tool_calls": 2, "stop": 1, "length": 1}
-    assert s.refusal_messages == {"schema feature not supported": 2}
+    assert s.refusal_messages == {"schema feature not supported": 2,
+                                  "the prompt is N tokens; the context is N tokens": 2}
     assert results[2].content == "prose"
     rows = dict(summary_rows(s.as_dict()))
     assert rows["compliance (valid ÷ returned calls)"] == "75.0% (3/4)"
-    assert rows["refused (400)"] == "2"
+    assert rows["refused (400)"] == "4"
 
 
 def test_per_subset_outcomes_and_plot(tmp_path: Path) -> None:
