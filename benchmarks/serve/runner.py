@@ -219,7 +219,8 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     if driven.peer is not None:
         ratios.update(peer_ratios(runs, driven.peer_runs))
     results: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out)},
+        "config": {**asdict(config), "data": str(config.data), "out": str(config.out),
+                   "peer_api_key": "(set)" if config.peer_api_key else None},  # never the key itself
         "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": server_command},
         "schemas": {"requested": config.schemas, "used": [c.case_id for c in _timed_cases(driven)],
                     "refused": selection.refused, "errors": selection.errors},

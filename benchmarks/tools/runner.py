@@ -119,7 +119,8 @@ def run_tools_bench(config: ToolsBenchConfig, progress: Progress | None = None) 
         results = asyncio.run(drive(config, base_url, cases, progress))
     summary = summarize(results)
     report: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out), "api_key": None},
+        "config": {**asdict(config), "data": str(config.data), "out": str(config.out),
+                   "api_key": "(set)" if config.api_key else None},  # never the key itself
         "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": server_command},
         "notes": "Each schema is the `parameters` of one function; tool_choice as configured. Every returned "
                  "call's `arguments` string is validated here with the full validator (Draft 2020-12 + "
