@@ -148,7 +148,8 @@ class Driven:
     peer_endpoint: Endpoint | None = None
 
 
-async def drive(config: ServeBenchConfig, base_url: str, progress: Progress) -> Driven:
+async def drive(config: ServeBenchConfig, base_url: str, progress: Progress, peer_model: str | None = None
+                ) -> Driven:
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(
             make_client(base_url, config.request_timeout_s, max(config.concurrency)))
@@ -159,8 +160,7 @@ async def drive(config: ServeBenchConfig, base_url: str, progress: Progress) -> 
         driven = Driven(selection, [], [])
         peer_client: httpx.AsyncClient | None = None
         if config.peer_url:
-            endpoint = Endpoint("peer", backend=None, constraint=config.peer_constraint, model=resolve_peer_model(
-                config.peer_url, config.peer_model, config.peer_api_key))
+            endpoint = Endpoint("peer", backend=None, constraint=config.peer_constraint, model=peer_model)
             peer_client = await stack.enter_async_context(make_client(
                 config.peer_url, config.request_timeout_s, max(config.concurrency), config.peer_api_key))
             driven.peer = await warm_peer(peer_client, cases, config, endpoint, progress)
@@ -207,8 +207,11 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     """The whole benchmark; writes OUT/results.json and OUT/throughput.png and returns the results."""
     progress = progress or Silent()
     started = time.perf_counter()
+    # The peer is checked (and its model name found) first: an unreachable peer fails before corral starts.
+    peer_model = (resolve_peer_model(config.peer_url, config.peer_model, config.peer_api_key)
+                  if config.peer_url else None)
     with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
-        driven = asyncio.run(drive(config, base_url, progress))
+        driven = asyncio.run(drive(config, base_url, progress, peer_model))
     selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
     if config.baseline:
