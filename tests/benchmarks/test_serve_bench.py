@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from benchmarks.serve.cli import parse_levels
-from benchmarks.serve.stats import RequestResult, headline_ratios, percentile, ratio, summarize_run
+from benchmarks.serve.report import markdown_table, ratio_lines, table_rows
+from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, percentile, ratio, summarize_run
 from benchmarks.serve.workload import candidate_cases, request_body
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,11 @@ def test_summarize_run_on_hand_made_requests() -> None:
     assert (run["finished"], run["valid"], run["compliance"]) == (2, 1, 0.5)
     unconstrained = summarize_run("unconstrained", 1, [result("unconstrained", 8, finish="length")], 1.0)
     assert unconstrained["compliance"] is None and unconstrained["mask_us_p50"] is None
+    # A peer reports no `timings`: its forced share is unknown, not 0 %.
+    peer = RequestResult("constrained", 1, "S/x.json", "ok", 200, "stop", 12, 50.0, {}, None, True, server="peer")
+    peer_run = summarize_run("constrained", 1, [peer], 1.0)
+    assert peer_run["forced_share"] is None and peer_run["tpot_ms_p50"] is None
+    assert peer_run["throughput_tok_s"] == 12.0 and peer_run["compliance"] == 1.0
 
 
 def test_headline_ratios_from_hand_made_runs() -> None:
@@ -81,6 +87,8 @@ def test_headline_ratios_from_hand_made_runs() -> None:
     runs = [run("constrained", 1, 100.0, 3.0, 10, 10), run("unconstrained", 1, 120.0, 4.0),
             run("constrained", 16, 500.0, 9.0, 10, 9), run("unconstrained", 16, 700.0, 8.0)]
     ratios = headline_ratios(runs, {"throughput_tok_s": 50.0})
+    assert ratios["unconstrained_scaling"]["value"] == pytest.approx(700.0 / 120.0)
+    assert ratios["unconstrained_scaling"]["met"] is True
     assert ratios["tpot_constrained_over_unconstrained"]["value"] == pytest.approx(0.75)
     assert ratios["tpot_constrained_over_unconstrained"]["met"] is True
     assert ratios["throughput_scaling"]["value"] == pytest.approx(5.0)
@@ -90,6 +98,33 @@ def test_headline_ratios_from_hand_made_runs() -> None:
     assert ratios["compliance"]["met"] is False
     no_baseline = headline_ratios(runs, None)["corral_over_baseline"]
     assert no_baseline["value"] is None and no_baseline["met"] is None
+
+    peer_runs = [run("constrained", 1, 50.0, 0.0, 8, 8), run("unconstrained", 1, 100.0, 0.0),
+                 run("constrained", 16, 100.0, 0.0, 8, 7), run("unconstrained", 16, 800.0, 0.0)]
+    versus = peer_ratios(runs, peer_runs)
+    assert versus["unconstrained_corral_over_peer"]["value"] == pytest.approx(700.0 / 800.0)
+    assert versus["unconstrained_corral_over_peer"]["met"] is False
+    assert versus["constrained_corral_over_peer"]["value"] == pytest.approx(5.0)
+    assert versus["constrained_corral_over_peer"]["met"] is True
+    assert versus["peer_throughput_scaling"]["value"] == pytest.approx(2.0)
+    assert versus["peer_unconstrained_scaling"]["value"] == pytest.approx(8.0)
+    assert versus["peer_throughput_scaling"]["met"] is None  # reported, no target
+    assert versus["peer_compliance"]["value"] == pytest.approx(15 / 16)
+    lines = ratio_lines(versus)
+    assert any(line.startswith("constrained_corral_over_peer: 5.00 (target >= 3, met)") for line in lines)
+    assert any(line.startswith("peer_compliance: 93.8% (no target)") for line in lines)
+
+
+def test_peer_rows_sit_under_corrals_rows() -> None:
+    def run(mode: str, level: int, tok_s: float) -> dict[str, Any]:
+        return {"mode": mode, "concurrency": level, "throughput_tok_s": tok_s}
+
+    runs = [run("constrained", 1, 1.0), run("unconstrained", 1, 2.0)]
+    peer = [run("unconstrained", 1, 4.0), run("constrained", 1, 3.0)]
+    rows = table_rows(runs, None, peer)
+    assert [(r[0], r[5]) for r in rows] == [("constrained", "1.0"), ("peer constrained", "3.0"),
+                                            ("unconstrained", "2.0"), ("peer unconstrained", "4.0")]
+    assert "| peer unconstrained | 1 |" in markdown_table(runs, None, peer)
 
 
 # -- workload --------------------------------------------------------------------------------------------
@@ -108,6 +143,27 @@ def test_request_bodies_differ_only_in_the_constraint() -> None:
     assert constrained["messages"] == free["messages"] and constrained["max_tokens"] == free["max_tokens"] == 16
     assert constrained["structured_outputs"] == {"json": case.schema, "backend": "auto"}
     assert free["ignore_eos"] is True and "structured_outputs" not in free
+    assert "model" not in constrained
+
+
+@pytest.mark.parametrize(("field", "expected"), [
+    ("structured_outputs", lambda s: {"structured_outputs": {"json": s}}),
+    ("guided_json", lambda s: {"guided_json": s}),
+    ("response_format", lambda s: {"response_format": {"type": "json_schema",
+                                                       "json_schema": {"name": "schema", "schema": s}}}),
+])
+def test_peer_bodies_carry_its_model_and_its_constraint_field(field: str, expected: Any) -> None:
+    case = candidate_cases(SAMPLE, 1)[0]
+    corral = request_body(case, constrained=True, max_tokens=16, backend="auto")
+    peer = request_body(case, constrained=True, max_tokens=16, backend=None, constraint=field, model="m")
+    shared = {"messages", "max_tokens", "temperature", "seed"}
+    assert {k: peer[k] for k in shared} == {k: corral[k] for k in shared}
+    assert peer["model"] == "m"
+    assert {k: v for k, v in peer.items() if k not in shared | {"model"}} == expected(case.schema)
+    free = request_body(case, constrained=False, max_tokens=16, backend=None, constraint=field, model="m")
+    assert free["ignore_eos"] is True and free["model"] == "m" and field not in free
+    with pytest.raises(ValueError, match="constraint field"):
+        request_body(case, constrained=True, max_tokens=16, backend=None, constraint="guided_regex")
 
 
 def test_parse_levels() -> None:
@@ -117,13 +173,18 @@ def test_parse_levels() -> None:
 
 
 # -- end to end ------------------------------------------------------------------------------------------
-@pytest.mark.timeout(180)
-def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, server: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A started corral, the baseline, and as the peer another corral (the session's server) spoken to with
+    OpenAI's `response_format`, its model name found through /v1/models."""
     from server.cli import main
 
+    monkeypatch.setattr("benchmarks.serve.runner.SETTLE_S", 0.0)  # no vLLM worker to let settle
     out = tmp_path / "serve"
     code = main(["bench", "serve", "--data", str(SAMPLE), "--schemas", "3", "--concurrency", "1,2",
-                 "--max-tokens", "16", "--out", str(out)])
+                 "--max-tokens", "16", "--out", str(out), "--peer-url", server.base_url,
+                 "--peer-constraint", "response_format"])
     assert code == 0
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert (out / "throughput.png").stat().st_size > 0
@@ -140,8 +201,10 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path) -> 
     assert by_key["unconstrained", 1]["completion_tokens"] == 3 * 16
     assert all(r["compile_ms_mean"] < 50 for r in runs if r["mode"] == "constrained")
     ratios = results["ratios"]
-    assert set(ratios) == {"tpot_constrained_over_unconstrained", "throughput_scaling", "corral_over_baseline",
-                           "compliance"}
+    assert set(ratios) == {"tpot_constrained_over_unconstrained", "throughput_scaling", "unconstrained_scaling",
+                           "corral_over_baseline", "compliance", "unconstrained_corral_over_peer",
+                           "constrained_corral_over_peer", "peer_throughput_scaling", "peer_unconstrained_scaling",
+                           "peer_compliance"}
     # Recompute the ratios from the table.
     assert ratios["tpot_constrained_over_unconstrained"]["value"] == pytest.approx(
         by_key["constrained", 1]["tpot_ms_p50"] / by_key["unconstrained", 1]["tpot_ms_p50"])
@@ -153,4 +216,22 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path) -> 
         by_key["constrained", 2]["throughput_tok_s"] / baseline["throughput_tok_s"])
     assert ratios["compliance"]["value"] == 1.0
     assert len(results["schemas"]["used"]) == 3
-    assert len(results["requests"]) == 4 * 3
+
+    peer = results["peer"]
+    assert (peer["url"], peer["model"], peer["constraint"]) == (server.base_url, "corral-default", "response_format")
+    assert peer["refused"] == [] and peer["errors"] == []
+    peer_by_key = {(r["mode"], r["concurrency"]): r for r in peer["runs"]}
+    assert set(peer_by_key) == set(by_key)
+    assert all(r["ok"] == r["requests"] == 3 for r in peer["runs"])
+    assert peer_by_key["unconstrained", 2]["completion_tokens"] == 3 * 16  # ignore_eos reached the peer too
+    assert ratios["peer_compliance"]["value"] == 1.0
+    assert ratios["constrained_corral_over_peer"]["value"] == pytest.approx(
+        by_key["constrained", 2]["throughput_tok_s"] / peer_by_key["constrained", 2]["throughput_tok_s"])
+    assert ratios["peer_unconstrained_scaling"]["value"] == pytest.approx(
+        peer_by_key["unconstrained", 2]["throughput_tok_s"] / peer_by_key["unconstrained", 1]["throughput_tok_s"])
+    # The same requests: the same greedy model gives the peer the same answers, request by request.
+    requests = results["requests"]
+    assert len(requests) == 2 * 4 * 3
+    answers = {(r["server"], r["mode"], r["concurrency"], r["case_id"]): r["text"] for r in requests}
+    assert {k[1:]: v for k, v in answers.items() if k[0] == "peer"} == {
+        k[1:]: v for k, v in answers.items() if k[0] == "corral"}

@@ -1,0 +1,1 @@
+"""`corral bench tools`: tool-call compliance with JSONSchemaBench schemas as function parameters."""
