@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt --no-deps instructor  # see the dev extra in pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
