@@ -76,7 +76,8 @@ async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concur
     payload = reply.payload
     choice = payload["choices"][0]
     text = (choice.get("message") or {}).get("content") or ""
-    finish = choice.get("finish_reason")
+    # corral names its precise reason apart from the OpenAI one; a peer only has finish_reason.
+    finish = choice.get("corral_finish_reason", choice.get("finish_reason"))
     valid: bool | None = None
     if constrained and finish == "stop":
         # Judged here against the full schema, not taken from the server's own `grammar.schema_valid`.

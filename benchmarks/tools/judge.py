@@ -68,7 +68,8 @@ def judge_answer(case: SchemaCase, payload: dict[str, Any], client_ms: float | N
     message = choice.get("message") or {}
     content = message.get("content")
     return ToolResult(
-        case.case_id, "ok", 200, choice.get("finish_reason"), judge_calls(message, case),
+        case.case_id, "ok", 200, choice.get("corral_finish_reason", choice.get("finish_reason")),
+        judge_calls(message, case),
         content[:TEXT_KEPT] if isinstance(content, str) else None,
         int((payload.get("usage") or {}).get("completion_tokens") or 0), client_ms)
 
