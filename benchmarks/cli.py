@@ -1,4 +1,4 @@
-"""`corral bench ...`: benchmark subcommands (jsonschemabench, serve, peer-model, tools)."""
+"""`corral bench ...`: benchmark subcommands (jsonschemabench, serve, peer-model, tools, fuzz, soak)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_serve_parser(bench_sub)
     add_peer_model_parser(bench_sub)
     add_tools_parser(bench_sub)
+    from benchmarks.fuzz.cli import add_fuzz_parser  # issue 13: hostile-input fuzzing and soak
+    from benchmarks.soak.cli import add_soak_parser
+
+    add_fuzz_parser(bench_sub)
+    add_soak_parser(bench_sub)
 
 
 def _add_jsonschemabench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

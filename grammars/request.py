@@ -59,7 +59,7 @@ def parse_constraint(
             )
         for key in CONSTRAINT_KEYS:
             value = structured_outputs.get(key)
-            if value is None or value is False:
+            if value is None or (value is False and key != "json"):  # `json: false` is a schema, not "off"
                 continue
             found.append((f"structured_outputs.{key}", _from_structured(key, value, structured_outputs)))
         raw_backend = structured_outputs.get("backend")
@@ -127,6 +127,8 @@ def _schema_spec(schema: Any, param: str) -> GrammarSpec:
             raise InvalidConstraint(
                 f"{param} is not valid JSON: {exc.msg} at line {exc.lineno}:{exc.colno}", param=param
             ) from exc
+    if schema is False:  # valid JSON Schema, but no answer can satisfy it: refuse rather than fail open
+        raise InvalidConstraint(f"{param} is `false`, a schema that no value satisfies", param=param)
     check_schema(schema, param=param)
     return GrammarSpec.json_schema(schema)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,12 @@ IGNORED_KEYWORDS = frozenset(
     {"contains", "not", "if", "then", "else", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems"}
 )
 BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth its hand-off
+# xgrammar's find_jump_forward_string builds the whole forced string in one uninterruptible call on the
+# engine thread: `((x{1000}){1000}){1000}` compiles in 20 ms, then that call ran for minutes (the hung-step
+# watchdog killed the server). Jump-forward is only a shortcut, so it is off for a spec whose counted
+# repetitions could multiply into a longer run than this (the product of all counts bounds any nesting).
+MAX_FORCED_RUN = 10_000
+_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
 @dataclass(frozen=True)
@@ -36,11 +44,25 @@ class XGrammarCompiled:
     backend_name: str = NAME
 
 
+def may_force_long_runs(source: str) -> bool:
+    """True when the counted repetitions in `source` (`{m}`, `{m,n}`, `{m,}`) multiply past MAX_FORCED_RUN."""
+    log_product = 0.0
+    for low, high in _COUNTED.findall(source):
+        count = max(low, high, key=lambda digits: (len(digits), digits))
+        if len(count) > 9:
+            return True
+        log_product += math.log(max(int(count), 1))
+        if log_product > math.log(MAX_FORCED_RUN):
+            return True
+    return False
+
+
 class XGrammarMatcher:
     def __init__(self, compiled: XGrammarCompiled, tokenizer: Any) -> None:
         self._m = xgrammar.GrammarMatcher(compiled.grammar)
         self._tokenizer = tokenizer
         self._error: str | None = None
+        self._jump_forward = not may_force_long_runs(compiled.spec.source)
 
     @property
     def handle(self) -> Any:
@@ -74,6 +96,8 @@ class XGrammarMatcher:
         # xgrammar gives the forced *string*; tokenising it alone could split differently from how
         # the model would, so the last token (which could merge with what follows) is held back and
         # the rest is kept only as far as the grammar accepts it token by token.
+        if not self._jump_forward:
+            return []
         forced = self._m.find_jump_forward_string()
         if not forced:
             return []

@@ -161,7 +161,10 @@ class Service:
             text = req.prompt_text()
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from exc
-        return [int(t) for t in self.loaded.tokenizer.encode(text, add_special_tokens=True)]
+        ids = [int(t) for t in self.loaded.tokenizer.encode(text, add_special_tokens=True)]
+        if not ids:  # a tokenizer without BOS gives "" no token, and the engine needs one to start from
+            raise bad_request("prompt is empty: give at least one token of text", param="prompt")
+        return ids
 
     async def prepare(self, req: _Request, prompt_ids: list[int], *, prompt_param: str) -> Prepared:
         received = time.perf_counter()

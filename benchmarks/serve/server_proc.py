@@ -66,6 +66,10 @@ class ManagedServer:
             raise RuntimeError(f"{exc}; server log ({self._log_path}):\n{tail}") from exc
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()

@@ -1,0 +1,1 @@
+"""`corral bench fuzz`: schemathesis-generated requests against a corral, judged by one oracle."""

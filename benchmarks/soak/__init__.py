@@ -1,0 +1,1 @@
+"""`corral bench soak`: many mixed requests at concurrency 16 with hostile traffic beside ordinary traffic."""
