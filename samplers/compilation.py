@@ -122,6 +122,21 @@ class GrammarCache:
         if self.sandbox is not None:
             self.sandbox.close(final=final)
 
+    def lookup(self, spec: GrammarSpec, backend: str = AUTO) -> CompileResult | None:
+        """Non-blocking: the cached outcome (a cached refusal raises, as from `compile`), or None when only
+        `compile` can tell. Lets a caller answer cache hits without queueing behind compiles in progress."""
+        self.backends.check_name(backend)
+        key = (backend, spec.key)
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is None or self._expiry.get(key, float("inf")) < time.monotonic():
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+        if isinstance(cached, GrammarRejected):
+            raise cached
+        return CompileResult(cached, cached.backend_name, True, 0.0)
+
     def compile(self, spec: GrammarSpec, backend: str = AUTO) -> CompileResult:
         """Blocking; call from a worker thread. Raises GrammarRejected."""
         self.backends.check_name(backend)

@@ -237,6 +237,18 @@ class Service:
             max_revisions=req.max_revisions,
         )
 
+    async def _compile_in_pool(
+        self, work: Callable[[], CompileResult], started: asyncio.Event, deadline: float
+    ) -> CompileResult:
+        future = asyncio.get_running_loop().run_in_executor(self._compile_pool, work)
+        # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
+        # does not report it as never retrieved; the result is cached by GrammarCache anyway.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
+        # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
+        await started.wait()
+        return await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
+
     async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
         assert constraint.spec is not None
         loop = asyncio.get_running_loop()
@@ -247,16 +259,11 @@ class Service:
             loop.call_soon_threadsafe(started.set)
             return self.grammars.compile(spec, backend)
 
-        future = loop.run_in_executor(self._compile_pool, work)
-        # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
-        # does not report it as never retrieved; the result is cached by GrammarCache anyway.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
         deadline = self.settings.compile_timeout_s
         try:
-            # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
-            # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
-            await started.wait()
-            result = await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
+            # A cache hit is answered here: compile bombs can hold every compile thread for the deadline.
+            hit = self.grammars.lookup(spec, backend)
+            result = hit if hit is not None else await self._compile_in_pool(work, started, deadline)
         except TimeoutError as exc:
             self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
             raise bad_request(

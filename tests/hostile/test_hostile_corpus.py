@@ -4,6 +4,8 @@ after each one an ordinary request succeeds on the same keep-alive connection.""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -46,3 +48,28 @@ def test_hostile_request(hostile_server: RunningServer, case: Hostile) -> None:
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["message"]["content"] in ("fine", "good")
         assert connection_of(resp) == hostile.connection, "the hostile request's connection was not kept alive"
+
+
+def test_compile_bombs_do_not_hold_up_cached_grammars(hostile_server: RunningServer) -> None:
+    """Two compile bombs occupy both compile threads for their whole deadline; a request whose grammar is
+    already cached is answered meanwhile instead of queueing behind them."""
+    url = f"{hostile_server.base_url}/v1/chat/completions"
+    assert httpx.post(url, json=ORDINARY, timeout=60).status_code == 200  # its grammar is now cached
+    bomb_codes: list[str] = []
+
+    def bomb(tag: str) -> None:
+        regex = tag + "".join(f"[a-z]{{1,{i + 50}}}" for i in range(300))
+        body = {**ORDINARY, "structured_outputs": {"regex": regex}}
+        bomb_codes.append(httpx.post(url, json=body, timeout=60).json()["error"]["code"])
+
+    bombs = [threading.Thread(target=bomb, args=(f"bomb{i}-{time.monotonic()}",)) for i in range(2)]
+    for thread in bombs:
+        thread.start()
+    time.sleep(0.5)  # let both reach the compile threads (ordering only; nothing below is timed)
+    resp = httpx.post(url, json=ORDINARY, timeout=60)
+    still_compiling = sum(thread.is_alive() for thread in bombs)
+    for thread in bombs:
+        thread.join(timeout=60)
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] in ("fine", "good")
+    assert still_compiling == 2, "the cached request waited for a compile bomb to finish"
+    assert bomb_codes == ["grammar_compile_timeout"] * 2
