@@ -10,6 +10,8 @@ import httpx
 
 from benchmarks.fuzz.oracle import error_shape_problem, fail_open_problems
 
+FINISH_FIELD = "corral_finish_reason"  # corral's precise finish reason beside OpenAI's
+
 
 @dataclass
 class Exchange:
@@ -50,8 +52,16 @@ def exchange(client: httpx.Client, method: str, path: str, content: bytes | None
         if problem:
             result.problems.append(problem)
     elif result.status == 200:
-        result.problems += fail_open_problems(request, body)
+        result.problems += fail_open_problems(request, body) + engine_error_problems(body)
     return result
+
+
+def engine_error_problems(body: Any) -> list[str]:
+    """Choices the engine failed (`corral_finish_reason: "error"`): no input may fail the engine."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    return [f"engine error in choices[{i}]: {choice.get('message') or choice.get('text')!r:.200}"
+            for i, choice in enumerate(choices or []) if isinstance(choice, dict)
+            and choice.get(FINISH_FIELD) == "error"]
 
 
 def judge_stream(request: Any, text: str) -> list[str]:

@@ -152,7 +152,7 @@ def _send_case(client: httpx.Client, base_url: str, case: Any, label: str, count
     counts[status_class] += 1
     report.statuses[status_class] += 1
     for problem in result.problems:
-        target = (report.server_errors if problem.startswith("server error")
+        target = (report.server_errors if problem.startswith(("server error", "engine error"))
                   else report.fail_open if "choices[" in problem else report.bad_shape)
         target.append({**record, "status": result.status, "problem": problem})
 

@@ -185,7 +185,10 @@ def send(client: httpx.Client, phase: str, request: SoakRequest) -> Outcome:
     if not result.problems:
         return Outcome(request.kind, phase, str(result.status), elapsed)
     problem = result.problems[0]
-    label = "5xx" if problem.startswith("server error") else "fail_open" if "choices[" in problem else "bad_shape"
+    if problem.startswith(("server error", "engine error")):
+        label = "5xx"
+    else:
+        label = "fail_open" if "choices[" in problem else "bad_shape"
     return Outcome(request.kind, phase, label, elapsed, problem[:300])
 
 

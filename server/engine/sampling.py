@@ -133,7 +133,8 @@ def _apply_penalties(
     output = _counts([out for _, out in histories], vocab, sub)
     if any(p.repetition_penalty != 1.0 for p in params):
         seen = (output > 0) | (_counts([prompt for prompt, _ in histories], vocab, sub) > 0)
-        factor = _column([p.repetition_penalty for p in params], sub)
+        # At least float's smallest normal: a penalty that rounds to 0 would make -inf * 0 = NaN (unmasking).
+        factor = _column([p.repetition_penalty for p in params], sub).clamp_min(torch.finfo(sub.dtype).tiny)
         # -inf * factor is still -inf (factor > 0), so masked tokens stay masked.
         sub = torch.where(seen, torch.where(sub > 0, sub / factor, sub * factor), sub)
     sub = sub - _column([p.frequency_penalty for p in params], sub) * output
@@ -165,6 +166,10 @@ def _draw(
     rows: list[int],
 ) -> list[int]:
     x = logits[rows] / _column([params[r].temperature for r in rows], logits)
+    # A temperature (or repetition penalty) small enough to overflow gives +inf, and softmax then NaN, which
+    # failed the whole batch's step; capped at the largest finite value the row is as good as greedy. -inf
+    # stays -inf so masked tokens stay masked.
+    x = torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
     filtered = [i for i, r in enumerate(rows) if params[r].filtered]
     if filtered:
         x[filtered] = _filter(x[filtered], [params[rows[i]] for i in filtered])

@@ -161,6 +161,8 @@ CORPUS: list[Hostile] = [
     raw("seed_5000_digits", with_fragment("seed", BIG_DIGITS), fixed_by="limits"),
     raw("logit_bias_nan", with_fragment("logit_bias", '{"1": NaN}')),
     chat("logit_bias_not_token_ids", logit_bias={"abc": 1, "-5": 2, "99999999999": 3}),
+    chat("temperature_1e-300", temperature=1e-300, max_tokens=8),
+    chat("repetition_penalty_1e-300", repetition_penalty=1e-300, temperature=1.0, max_tokens=8),
     chat("n_negative", n=-1),
     chat("n_zero", n=0),
     chat("n_million", n=1_000_000),
