@@ -7,9 +7,10 @@ listed under `decode` only where the engine is known to enforce it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from grammars.features import schema_features
+from grammars.features import iter_subschemas, schema_features
 from grammars.spec import GrammarKind, GrammarSpec
 
 # Keys that constrain nothing (annotations, containers walked for their subschemas).
@@ -49,15 +50,25 @@ def keyword_enforcement(spec: GrammarSpec, backend: str) -> dict[str, list[str]]
     if not schemas:
         return None
     used = set().union(*(schema_features(s) for s in schemas)) - _NOT_CONSTRAINTS
-    post: set[str] = set()
-    for keyword in used:
-        if keyword.startswith("format:"):
-            name = keyword.removeprefix("format:")
-            if backend != "llguidance" or name not in _LLGUIDANCE_FORMATS:
-                post.add(keyword)
-        elif backend == "llguidance":
-            if spec.decode_safe and keyword in _LLGUIDANCE_SKIPPED:
-                post.add(keyword)
-        elif keyword in _XGRAMMAR_RELAXED or (spec.decode_safe and keyword in _XGRAMMAR_IGNORED):
-            post.add(keyword)
-    return {"decode": sorted(used - post), "post_check": sorted(post)}
+    post = {keyword for keyword in used if _relaxed(keyword, backend, spec.decode_safe)}
+    # What sits only beneath a relaxed keyword (the `const` in `not: {const: 3}`) is not enforced either.
+    pruned = [_without(s, post) for s in schemas]
+    decode = set().union(*(schema_features(s) for s in pruned)) - _NOT_CONSTRAINTS - post
+    return {"decode": sorted(decode), "post_check": sorted(used - decode)}
+
+
+def _relaxed(keyword: str, backend: str, decode_safe: bool) -> bool:
+    if keyword.startswith("format:"):
+        return backend != "llguidance" or keyword.removeprefix("format:") not in _LLGUIDANCE_FORMATS
+    if backend == "llguidance":
+        return decode_safe and keyword in _LLGUIDANCE_SKIPPED
+    return keyword in _XGRAMMAR_RELAXED or (decode_safe and keyword in _XGRAMMAR_IGNORED)
+
+
+def _without(schema: Any, keywords: set[str]) -> Any:
+    """A copy of `schema` with `keywords` (and the subschemas under them) removed everywhere."""
+    copy = json.loads(json.dumps(schema))
+    for node in iter_subschemas(copy):  # removing a key before the walk descends skips its subtree
+        for keyword in keywords & node.keys():
+            del node[keyword]
+    return copy

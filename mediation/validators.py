@@ -20,7 +20,8 @@ class Violation:
 class SemanticValidator(Protocol[T_contra]):
     """`validate` returns None when the value holds, else what is wrong (fit to show the model)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def validate(self, value: T_contra) -> Violation | None: ...
 
