@@ -5,6 +5,7 @@ Needs only the openai SDK, pydantic, jsonschema and httpx: no torch, nothing fro
 
 from mediation.failures import Failure, FailureClass, MediationError
 from mediation.markers import BEGIN, END, extract_block
+from mediation.mcp_results import ToolOutcome, finish_tool_result, verified
 from mediation.mediator import Mediated, Mediator, Usage
 from mediation.modes import Capabilities, Mode, choose_mode, fetch_corral_capabilities
 from mediation.repair import Escalation, RepairPolicy
@@ -33,9 +34,12 @@ __all__ = [
     "SchemaVersion",
     "SemanticValidator",
     "Sink",
+    "ToolOutcome",
     "Usage",
     "Violation",
     "choose_mode",
     "extract_block",
     "fetch_corral_capabilities",
+    "finish_tool_result",
+    "verified",
 ]
