@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import openai
 from pydantic import ValidationError
@@ -183,7 +183,7 @@ class Mediator(Generic[T]):
             usage += outcome.usage
             self._record(request, mode, attempt, outcome, (time.perf_counter() - started) * 1000)
             if not outcome.failures and outcome.version is not None:
-                return Mediated(outcome.value, attempt, mode, outcome.version, usage, outcome.confidence,  # type: ignore[arg-type]
+                return Mediated(cast(T, outcome.value), attempt, mode, outcome.version, usage, outcome.confidence,
                                 self.provider, self.model, outcome.raw or "")
             first = outcome.failures[0]
             failures.append(first)
@@ -217,7 +217,7 @@ class Mediator(Generic[T]):
         if outcome.failures or outcome.version is None:
             failure = outcome.failures[0]
             raise MediationError(failure, attempts=len(failures), failures=[*failures, failure], escalated=True)
-        return Mediated(outcome.value, len(failures), mode, outcome.version, usage, None,  # type: ignore[arg-type]
+        return Mediated(cast(T, outcome.value), len(failures), mode, outcome.version, usage, None,
                         self.provider, self.model, "", reviewed=True)
 
     def _hints(self, failures: list[Failure]) -> list[dict[str, Any]]:
