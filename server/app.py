@@ -19,6 +19,7 @@ from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
 from server.errors import ApiError
 from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
+from server.openai.grammars_api import grammar_routes
 from server.openai.tools import ToolCallStream
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
@@ -90,6 +91,8 @@ def create_app(service: Service) -> FastAPI:
                 }
             ],
         }
+
+    app.include_router(grammar_routes(service))  # /v1/capabilities, /v1/grammars
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
