@@ -55,6 +55,9 @@ class Metrics:
         self.rejected = Counter(
             "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
         )
+        self.internal_errors = Counter(
+            "corral_internal_errors_total", "Unexpected exceptions answered with a 500", registry=r
+        )
         self.trips = Counter(
             "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r
         )

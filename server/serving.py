@@ -31,6 +31,7 @@ from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
 from server.openai.fields import max_tokens_for
 from server.openai.logprobs import requested_logprobs
+from server.openai.request_limits import input_limits
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -71,6 +72,7 @@ class Service:
             # oversubscription (measured on 2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1).
             torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         self.model_name = settings.served_model_name or loaded.name
+        self.limits = input_limits(settings)  # request limits on constraints (grammars/limits.py)
         self.tool_format = detect_format(settings.tool_call_format, loaded.tokenizer)
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
@@ -151,10 +153,10 @@ class Service:
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # Messages, tools, tool calls and tool results as the chat template (or corral's default) renders them.
         try:
-            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
             return prompt_ids(self.loaded.tokenizer, req.messages, tools, self.tool_format)
         except (InvalidConstraint, MessageError) as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=exc.param, code=getattr(exc, "code", None)) from exc
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         try:
@@ -183,13 +185,15 @@ class Service:
                 code="context_length_exceeded",
             )
         try:
-            constraint = parse_constraint(req.response_format, req.structured_outputs, req.legacy_constraint())
+            constraint = parse_constraint(
+                req.response_format, req.structured_outputs, req.legacy_constraint(), limits=self.limits
+            )
             if isinstance(req, ChatCompletionRequest):
-                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
                 constraint = tool_constraint(tools, constraint, self.tool_format)
             self.backends.check_name(constraint.backend)
         except InvalidConstraint as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
         except UnknownBackend as exc:
             raise bad_request(str(exc), param=constraint.backend_source) from exc
         params = self._sampling_params(req, len(prompt_ids))
