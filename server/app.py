@@ -45,7 +45,7 @@ def create_app(service: Service) -> FastAPI:
             ApiKeyMiddleware, keys=service.settings.api_keys(), protect_metrics=service.settings.metrics_require_key
         )
     add_outer_middleware(app, service.settings)
-    install_error_handlers(app)
+    install_error_handlers(app, service.metrics.limit_refusals)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -17,12 +17,14 @@ from prometheus_client import Counter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grammars.limits import LimitExceeded
 from server.request_context import current_request_id
 
 log = logging.getLogger(__name__)
 
 ECHO_LIMIT = 200  # characters of a caller's value an error message may repeat
 MESSAGE_LIMIT = 2_000  # characters of any error message
+COUNTED_LIMITS = frozenset({"context_length_exceeded"})  # limit codes not raised as grammars.limits.LimitExceeded
 
 
 class ApiError(Exception):
@@ -126,11 +128,14 @@ def _http_response(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc.status_code, str(exc.detail), type_=type_, headers=exc.headers)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error FastAPI/Starlette would answer in their own shape, answered in OpenAI's."""
+def install_error_handlers(app: FastAPI, limit_refusals: Counter) -> None:
+    """Every error FastAPI/Starlette would answer in their own shape, answered in OpenAI's; refusals by a
+    request limit are counted under the limit's code."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        if exc.code is not None and (exc.code in COUNTED_LIMITS or isinstance(exc.__cause__, LimitExceeded)):
+            limit_refusals.labels(exc.code).inc()
         return error_response(exc.status, exc.message, type_=exc.type, param=exc.param, code=exc.code)
 
     @app.exception_handler(RequestValidationError)

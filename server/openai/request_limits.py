@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from prometheus_client import Counter
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -60,12 +61,14 @@ class BodyLimitMiddleware:
     """Reads a request body up to `max_body_bytes` (413 past it, before reading further), refuses one nested
     deeper than `max_json_depth`, and hands the body it read to the app unchanged."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_json_depth: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_json_depth: int, refusals: Counter) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        self.refusals = refusals
 
     def _too_large(self) -> tuple[int, bytes]:
+        self.refusals.labels("request_too_large").inc()
         return _error(
             413,
             f"the request body is larger than {self.max_body_bytes} bytes (limit --max-body-bytes)",
@@ -98,6 +101,7 @@ class BodyLimitMiddleware:
         body = b"".join(chunks)
         depth = json_depth(body)
         if depth > self.max_json_depth:
+            self.refusals.labels("json_too_deep").inc()
             await _respond(
                 send,
                 *_error(
@@ -148,7 +152,10 @@ def add_inner_middleware(app: Starlette, settings: Settings, metrics: Metrics) -
     """Inside the API-key check: unexpected exceptions answered (innermost), then the body limits."""
     app.add_middleware(InternalErrorMiddleware, counter=metrics.internal_errors)
     app.add_middleware(
-        BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, max_json_depth=settings.max_json_depth
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_json_depth=settings.max_json_depth,
+        refusals=metrics.limit_refusals,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -268,3 +269,20 @@ def test_chunked_body_is_cut_off_at_the_limit(http: httpx.Client) -> None:
     else:
         assert_openai_error(response, 413, "request_too_large")
     assert sent < 4 * limit
+
+
+def _refusals(http: httpx.Client, limit: str) -> float:
+    match = re.search(rf'^corral_limit_refusals_total\{{limit="{limit}"\}} (\S+)$', http.get("/metrics").text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_refusals_are_counted_by_limit(http: httpx.Client, server: Any) -> None:
+    cases = [
+        ("json_too_deep", {"content": nested_items(200).encode(), "headers": {"content-type": "application/json"}}),
+        ("too_many_choices", {"json": chat_body(structured_outputs={"choice": [str(i) for i in range(10_001)]})}),
+        ("context_length_exceeded", {"json": chat_body(max_tokens=server.service.engine.max_len)}),
+    ]
+    for limit, request in cases:
+        before = _refusals(http, limit)
+        assert http.post("/v1/chat/completions", **request).status_code == 400
+        assert _refusals(http, limit) == before + 1, limit
