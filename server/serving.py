@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import os
@@ -248,7 +249,8 @@ class Service:
             loop.call_soon_threadsafe(started.set)
             return self.grammars.compile(spec, backend)
 
-        future = loop.run_in_executor(self._compile_pool, work)
+        # In the request's context, so the compile's log lines carry its request id (server/request_context.py).
+        future = loop.run_in_executor(self._compile_pool, contextvars.copy_context().run, work)
         # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
         # does not report it as never retrieved; the result is cached by GrammarCache anyway.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())

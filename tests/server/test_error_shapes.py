@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,3 +203,15 @@ def test_cors_origin_flag_repeats_and_host_defaults_to_loopback(capsys: pytest.C
                  "--max-schema-refs", "--max-regex-length", "--max-grammar-length", "--max-choices", "--max-tools",
                  "--cors-allow-origin"):
         assert flag in help_text
+
+
+def test_compile_log_lines_carry_the_request_id(http: httpx.Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Grammar compiles run on a worker thread; their log lines still name the request they compile for."""
+    regex = f"a(b{uuid.uuid4().hex}"  # unique: a refusal is cached, and only the first compile logs it
+    body = {**CHOICE_OK, "structured_outputs": {"regex": regex}}
+    with caplog.at_level(logging.INFO, logger="samplers.compilation"):
+        response = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "compile-trace-7"})
+    assert response.status_code == 400
+    refused = [r for r in caplog.records if r.name == "samplers.compilation" and regex in r.getMessage()]
+    assert refused, [r.getMessage() for r in caplog.records]
+    assert all(getattr(r, "request_id", None) == "compile-trace-7" for r in refused)
