@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -16,7 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
-from server.errors import ApiError, install_error_handlers
+from server.errors import ApiError, guard_stream, install_error_handlers
 from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
 from server.openai.request_limits import add_inner_middleware, add_outer_middleware
 from server.openai.tools import ToolCallStream
@@ -99,7 +99,8 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
-        return EventSourceResponse(_stream(service, req, choices, response_id, created, chat), ping=15)
+        events = _stream(service, req, choices, response_id, created, chat)
+        return EventSourceResponse(guard_stream(events, service.metrics.internal_errors), ping=15)
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)
     if hung is not None:
@@ -138,7 +139,7 @@ def _final_body(service: Service, done: list[Finished], rid: str, created: int, 
 
 async def _stream(
     service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:

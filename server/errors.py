@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -145,6 +146,23 @@ def install_error_handlers(app: FastAPI, limit_refusals: Counter) -> None:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _http_response(request, exc)
+
+
+async def guard_stream(events: AsyncGenerator[str, None], internal_errors: Counter) -> AsyncIterator[str]:
+    """A streamed answer's events; an exception after the headers went out (too late for a status code) ends
+    the stream with an error event in OpenAI's shape instead of a cut connection: an ApiError as itself,
+    anything else as `internal_error`, logged with the request id and counted."""
+    try:
+        async with aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    except ApiError as exc:
+        yield json.dumps(error_body(clip(exc.message, MESSAGE_LIMIT), type_=exc.type, param=exc.param, code=exc.code))
+    except Exception:
+        log.exception("internal error while streaming")
+        internal_errors.inc()
+        message = f"internal error; the server log has the details under request id {current_request_id()}"
+        yield json.dumps(error_body(message, type_="server_error", code="internal_error"))
 
 
 class InternalErrorMiddleware:

@@ -4,6 +4,7 @@ answer and in every log line, and the keep-alive connection still serving afterw
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -215,3 +216,29 @@ def test_compile_log_lines_carry_the_request_id(http: httpx.Client, caplog: pyte
     refused = [r for r in caplog.records if r.name == "samplers.compilation" and regex in r.getMessage()]
     assert refused, [r.getMessage() for r in caplog.records]
     assert all(getattr(r, "request_id", None) == "compile-trace-7" for r in refused)
+
+
+def test_exception_mid_stream_ends_with_an_error_event(
+    http: httpx.Client, server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the 200 headers a status code is too late: the stream ends with an OpenAI-shaped error event,
+    never a cut connection, and the connection then serves the next request."""
+
+    def broken_finish(*_: Any) -> Any:
+        raise RuntimeError("secret detail from inside the server")
+
+    before = _internal_errors(http)
+    monkeypatch.setattr(server.service, "finish", broken_finish)
+    body = {**CHOICE_OK, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": "stream-500"}) as response:
+        assert response.status_code == 200
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        port = local_port(response)
+    monkeypatch.undo()
+    assert events and events[0] != "[DONE]"
+    last = json.loads(events[-1])
+    assert set(last) == {"error"}, last
+    assert (last["error"]["type"], last["error"]["code"]) == ("server_error", "internal_error")
+    assert "stream-500" in last["error"]["message"] and "secret detail" not in last["error"]["message"]
+    assert _internal_errors(http) == before + 1
+    assert_serves_on(http, port)
