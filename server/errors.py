@@ -161,8 +161,7 @@ async def guard_stream(events: AsyncGenerator[str, None], internal_errors: Count
     except Exception:
         log.exception("internal error while streaming")
         internal_errors.inc()
-        message = f"internal error; the server log has the details under request id {current_request_id()}"
-        yield json.dumps(error_body(message, type_="server_error", code="internal_error"))
+        yield json.dumps(error_body(internal_error_message(), type_="server_error", code="internal_error"))
 
 
 class InternalErrorMiddleware:
@@ -192,18 +191,33 @@ class InternalErrorMiddleware:
         except RecursionError:
             log.warning("request nested too deeply: %s %s", scope["method"], clip(scope["path"]))
             if not started:
-                await _send(send, 400, "the request nests too deeply to process", "invalid_request_error", "too_deep")
+                await send_error(send, 400, "the request nests too deeply to process", code="too_deep")
         except Exception:
-            rid = current_request_id()
             log.exception("internal error on %s %s", scope["method"], clip(scope["path"]))
             self.counter.inc()
             if not started:
-                message = f"internal error; the server log has the details under request id {rid}"
-                await _send(send, 500, message, "server_error", "internal_error")
+                await send_error(send, 500, internal_error_message(), type_="server_error", code="internal_error")
 
 
-async def _send(send: Send, status: int, message: str, type_: str, code: str) -> None:
-    body = json.dumps(error_body(message, type_=type_, code=code), separators=(",", ":")).encode()
+def internal_error_message() -> str:
+    return f"internal error; the server log has the details under request id {current_request_id()}"
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    close: bool = False,
+) -> None:
+    """An OpenAI-shaped error answered at the ASGI level (middleware, where no handler runs). `close`: the
+    connection cannot carry another request (e.g. a body left unread)."""
+    body = json.dumps(error_body(message, type_=type_, param=param, code=code), separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -7,8 +7,6 @@ grammars/limits.py; `input_limits` builds them from the server settings."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 from prometheus_client import Counter
 from starlette.applications import Starlette
@@ -16,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grammars.limits import InputLimits
-from server.errors import InternalErrorMiddleware, error_body
+from server.errors import InternalErrorMiddleware, send_error
 from server.metrics import Metrics
 from server.request_context import RequestIdMiddleware, install_log_record_factory
 from server.settings import Settings
@@ -53,10 +51,6 @@ def json_depth(body: bytes) -> int:
     return int(np.cumsum(steps, dtype=np.int32).max()) if steps.size else 0
 
 
-def _error(status: int, message: str, *, param: str | None, code: str) -> tuple[int, bytes]:
-    return status, json.dumps(error_body(message, param=param, code=code), separators=(",", ":")).encode()
-
-
 class BodyLimitMiddleware:
     """Reads a request body up to `max_body_bytes` (413 past it, before reading further), refuses one nested
     deeper than `max_json_depth`, and hands the body it read to the app unchanged."""
@@ -67,14 +61,11 @@ class BodyLimitMiddleware:
         self.max_json_depth = max_json_depth
         self.refusals = refusals
 
-    def _too_large(self) -> tuple[int, bytes]:
+    async def _too_large(self, send: Send) -> None:
+        """The rest of the body is never read, so the connection closes after this answer."""
         self.refusals.labels("request_too_large").inc()
-        return _error(
-            413,
-            f"the request body is larger than {self.max_body_bytes} bytes (limit --max-body-bytes)",
-            param=None,
-            code="request_too_large",
-        )
+        message = f"the request body is larger than {self.max_body_bytes} bytes (limit --max-body-bytes)"
+        await send_error(send, 413, message, code="request_too_large", close=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
@@ -82,7 +73,7 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
-            await _respond(send, *self._too_large(), close=True)
+            await self._too_large(send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -93,7 +84,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await _respond(send, *self._too_large(), close=True)
+                await self._too_large(send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -102,16 +93,9 @@ class BodyLimitMiddleware:
         depth = json_depth(body)
         if depth > self.max_json_depth:
             self.refusals.labels("json_too_deep").inc()
-            await _respond(
-                send,
-                *_error(
-                    400,
-                    f"the request body nests {depth} levels deep; the limit is {self.max_json_depth} "
-                    "(--max-json-depth)",
-                    param=None,
-                    code="json_too_deep",
-                ),
-            )
+            limit = self.max_json_depth
+            text = f"the request body nests {depth} levels deep; the limit is {limit} (--max-json-depth)"
+            await send_error(send, 400, text, code="json_too_deep")
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -138,14 +122,6 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-async def _respond(send: Send, status: int, body: bytes, *, close: bool = False) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if close:  # the rest of the body is never read, so the connection cannot carry another request
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def add_inner_middleware(app: Starlette, settings: Settings, metrics: Metrics) -> None:
