@@ -51,18 +51,13 @@ def _children(node: Any) -> Iterator[Any]:
 
 def check_schema_limits(schema: Any, limits: InputLimits, *, param: str) -> None:
     """Nesting depth, node count and `$ref` count of one schema document, in one walk without recursion
-    that stops at the first limit passed."""
+    that stops at the first limit passed. Every value on the stack is a node still to count, so a node with
+    a million children is refused before they are pushed."""
     nodes = refs = 0
     stack: list[tuple[Any, int]] = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
         nodes += 1
-        if nodes > limits.max_schema_nodes:
-            raise LimitExceeded(
-                f"{param} has more than {limits.max_schema_nodes} JSON values (limit --max-schema-nodes)",
-                param=param,
-                code="schema_too_large",
-            )
         if not isinstance(node, (dict, list)):
             continue
         if depth > limits.max_schema_depth:
@@ -70,6 +65,12 @@ def check_schema_limits(schema: Any, limits: InputLimits, *, param: str) -> None
                 f"{param} nests deeper than {limits.max_schema_depth} levels (limit --max-schema-depth)",
                 param=param,
                 code="schema_too_deep",
+            )
+        if nodes + len(stack) + len(node) > limits.max_schema_nodes:
+            raise LimitExceeded(
+                f"{param} has more than {limits.max_schema_nodes} JSON values (limit --max-schema-nodes)",
+                param=param,
+                code="schema_too_large",
             )
         if isinstance(node, dict) and isinstance(node.get("$ref"), str):
             refs += 1

@@ -78,6 +78,29 @@ def test_walk_stops_at_the_limit_on_a_huge_schema() -> None:
         check_schema_limits(schema, InputLimits(max_schema_nodes=1000), param="p")
 
 
+def test_node_limit_is_exact() -> None:
+    """Refused exactly when the document has more values than the limit (the walk counts what it pushed)."""
+    rng = random.Random(5)
+    for _ in range(300):
+        value = _random_json(rng)
+        size = _count(value)
+        for limit in (max(1, size - 1), size, size + 1):
+            refused = False
+            try:
+                check_schema_limits(value, InputLimits(max_schema_nodes=limit), param="p")
+            except LimitExceeded:
+                refused = True
+            assert refused == (size > limit), (value, size, limit)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(_count(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_count(v) for v in value)
+    return 1
+
+
 @pytest.mark.parametrize(("block", "code", "param"), [
     ({"regex": "a" * 9}, "regex_too_long", "structured_outputs.regex"),
     ({"grammar": 'start: "' + "a" * 20 + '"'}, "grammar_too_long", "structured_outputs.grammar"),
