@@ -184,7 +184,9 @@ def test_cors_allows_only_the_configured_origins() -> None:
     assert "access-control-allow-origin" not in stranger.headers
 
 
-def test_cors_origin_flag_repeats_and_host_defaults_to_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cors_origin_flag_repeats_and_host_defaults_to_loopback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import argparse
 
     from server.cli import _serve_parser
@@ -197,6 +199,9 @@ def test_cors_origin_flag_repeats_and_host_defaults_to_loopback(capsys: pytest.C
     assert settings.cors_origins() == ["https://a.example", "https://b.example"]
     assert settings.max_body_bytes == 1024
     assert settings.host == "127.0.0.1"
+    monkeypatch.setenv("CORRAL_MAX_TOOLS", "7")
+    monkeypatch.setenv("CORRAL_CORS_ALLOW_ORIGIN", "https://c.example")
+    assert (Settings().max_tools, Settings().cors_origins()) == (7, ["https://c.example"])
     with pytest.raises(SystemExit):
         cli_main(["serve", "--help"])
     help_text = capsys.readouterr().out
