@@ -14,7 +14,7 @@ import torch
 
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
-from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits
+from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated, few_allowed
 from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
@@ -53,6 +53,7 @@ class Engine:
         self.stop_ids = frozenset(loaded.stop_token_ids)
         self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
+        self._vocab = loaded.vocab_size
         self._bitmask = allocate_bitmask(config.max_batch, loaded.vocab_size)
         self._probe = allocate_bitmask(1, loaded.vocab_size)  # revisions ask the grammar on this row
         # Masks are filled on this worker while the forward runs on the engine thread; both the
@@ -60,6 +61,10 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
         self._ban_stop = torch.tensor(sorted(self.stop_ids), device=loaded.device)
         self._whitespace: dict[int, bool] = {}
+        self._texts: dict[int, str] = {}
+        # Per step: the tokens a row's mask allowed when they were few (the stall check asks whether the
+        # sampled token was the model's choice or the grammar's).
+        self._narrow: dict[Sequence, list[int]] = {}
         self.on_trip: Callable[[str], None] = lambda kind: None
 
     # -- API used from other threads ---------------------------------------------------------------
@@ -149,6 +154,7 @@ class Engine:
     ) -> list[int]:
         """Mask every row; returns the rows that go on to sampling (watchdog trips and dead ends don't)."""
         live = list(range(len(batch)))
+        self._narrow = {}
         free_rows = [i for i, s in enumerate(batch) if s.matcher is None and s.params.ignore_eos]
         if free_rows:
             logits[torch.tensor(free_rows)[:, None], self._ban_stop[None, :]] = float("-inf")
@@ -156,6 +162,8 @@ class Engine:
             per_row = masks.result()
             rows = sorted(per_row)
             dead = set()
+            narrow = few_allowed(self._bitmask, rows, self._vocab)
+            self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
             for row in rows:
                 seq = batch[row]
                 seq.stats.mask_us.append(per_row[row])
@@ -212,7 +220,10 @@ class Engine:
         seq.stats.sampled_tokens += 1
         seq.pending = appended
         seq.revision.record(len(appended))
-        if seq.stall is not None and seq.stall.observe(appended, seq.output_ids):
+        # Only the model's own choices can make a loop: jump-forward tokens, and a sampled token every
+        # allowed alternative agreed with, were the grammar's.
+        chosen = [not dictated(token, self._narrow.get(seq), self._token_text), *([False] * (len(appended) - 1))]
+        if seq.stall is not None and seq.stall.observe(appended, chosen):
             self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
             return
         # Decoding every step is only needed to stream deltas or to look for stop strings.
@@ -268,8 +279,14 @@ class Engine:
     def _is_whitespace(self, token: int) -> bool:
         cached = self._whitespace.get(token)
         if cached is None:
-            text = self.tokenizer.decode([token])
+            text = self._token_text(token)
             cached = self._whitespace[token] = bool(text) and not text.strip()
+        return cached
+
+    def _token_text(self, token: int) -> str:
+        cached = self._texts.get(token)
+        if cached is None:
+            cached = self._texts[token] = str(self.tokenizer.decode([token]))
         return cached
 
     def _emit_text(self, seq: Sequence) -> bool:
