@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -12,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -38,6 +39,13 @@ from server.settings import Settings
 log = logging.getLogger(__name__)
 
 INVALID_OUTPUT = "invalid_output"
+# Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
+# schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
+# threads, and one huge request leaves the others free.
+PREPARE_THREADS = 4
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -101,6 +109,7 @@ class Service:
         )
         self.loop = EngineLoop(self.engine)
         self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
+        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="corral-prepare")
         self._ids = itertools.count()
         self.in_flight = 0
         self.ready = False
@@ -126,7 +135,14 @@ class Service:
         self._stopping.set()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self.grammars.close(final=True)
+
+    async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `fn` on the prepare threads: nothing whose cost grows with a request runs on the event loop,
+        where it would hold up every other request (a 2 MB message tokenizes for seconds)."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, call)
 
     def _watch_steps(self) -> None:
         """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
@@ -182,6 +198,14 @@ class Service:
                 param=prompt_param,
                 code="context_length_exceeded",
             )
+        constraint, params = await self.off_loop(self._admission, req, len(prompt_ids))
+        compiled = await self._compile(constraint) if constraint.spec is not None else None
+        return Prepared(
+            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
+        )
+
+    def _admission(self, req: _Request, prompt_len: int) -> tuple[ConstraintRequest, SamplingParams]:
+        """The request's constraint (schema checks, tools) and sampling parameters; runs off the event loop."""
         try:
             constraint = parse_constraint(req.response_format, req.structured_outputs, req.legacy_constraint())
             if isinstance(req, ChatCompletionRequest):
@@ -192,11 +216,7 @@ class Service:
             raise bad_request(str(exc), param=exc.param) from exc
         except UnknownBackend as exc:
             raise bad_request(str(exc), param=constraint.backend_source) from exc
-        params = self._sampling_params(req, len(prompt_ids))
-        compiled = await self._compile(constraint) if constraint.spec is not None else None
-        return Prepared(
-            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
-        )
+        return constraint, self._sampling_params(req, prompt_len)
 
     def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
         room = self.engine.max_len - prompt_len
@@ -336,7 +356,7 @@ class Service:
     async def _run_once(self, prepared: Prepared) -> Finished:
         async for out in self.stream(prepared, deltas=False):
             if out.finished:
-                return self.finish(prepared, out)
+                return await self.off_loop(self.finish, prepared, out)  # validates the whole answer
         raise RuntimeError("engine stream ended without a final output")
 
     async def _fallback(self, prepared: Prepared) -> Prepared | None:
