@@ -114,6 +114,7 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
+        service.check_capacity()  # a 429 must come before the stream's 200 headers
         return EventSourceResponse(_stream(service, req, choices, response_id, created, chat), ping=15)
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)

@@ -156,7 +156,8 @@ class Service:
             log.error("engine step has run for more than %.1f s: failing in-flight requests", deadline)
             self.healthy = False
             self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc()
-            self.engine.fail_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
+            # This thread must not touch the scheduler the stuck step may still use: answer, don't finish.
+            self.engine.abandon_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
             if self.settings.exit_on_hung_step:
                 time.sleep(1.0)  # let the error responses reach their clients
                 log.error("exiting with status 70 so a supervisor restarts the server")
@@ -294,8 +295,9 @@ class Service:
         return result
 
     # -- running -----------------------------------------------------------------------------------
-    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
-        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+    def check_capacity(self) -> None:
+        """429 when the server holds its limit of requests. A streamed request asks before its 200 headers
+        go out, so a client sees a real 429 rather than an error inside a stream that began well."""
         if self.in_flight >= self.settings.max_queue:
             self.metrics.rejected.labels("429").inc()
             raise ApiError(
@@ -304,6 +306,10 @@ class Service:
                 type_="rate_limit_error",
                 code="queue_full",
             )
+
+    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
+        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+        self.check_capacity()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
 
