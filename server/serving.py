@@ -110,6 +110,8 @@ class Service:
         self.loop = EngineLoop(self.engine)
         self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
         self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="corral-prepare")
+        # How long a request may wait for a compile thread to take its compile (see `_compile`).
+        self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
         self._ids = itertools.count()
         self.in_flight = 0
         self.ready = False
@@ -271,9 +273,20 @@ class Service:
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         deadline = self.settings.compile_timeout_s
         try:
+            # Every compile ahead in the queue ends within its own deadline, so a wait this long means the
+            # compile threads are stuck or flooded: answer now rather than hold the request forever.
+            await asyncio.wait_for(started.wait(), timeout=self.compile_queue_wait_s)
+        except TimeoutError as exc:
+            future.cancel()  # not started: it never will
+            raise ApiError(
+                503,
+                f"no compile thread came free within {self.compile_queue_wait_s:g} s; retry shortly",
+                type_="service_unavailable",
+                code="compile_queue_full",
+            ) from exc
+        try:
             # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
             # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
-            await started.wait()
             result = await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
         except TimeoutError as exc:
             self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
@@ -286,6 +299,8 @@ class Service:
             if exc.timed_out:
                 self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
                 code = "grammar_compile_timeout"
+            elif exc.out_of_memory:
+                code = "compile_out_of_memory"
             else:
                 code = "unsupported_schema" if exc.unsupported else "invalid_grammar"
             raise bad_request(str(exc), param=constraint.source, code=code) from exc
