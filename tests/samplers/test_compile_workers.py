@@ -78,7 +78,7 @@ def test_a_worker_that_cannot_spawn_is_reported_not_retried_forever(
     assert results and results[0].backend == "xgrammar"  # compiled in-process instead
     tried = len(attempts)
     assert tried == 1
-    with pytest.raises(SandboxUnavailable, match=r"could not be started: .*Resource temporarily unavailable"):
+    with pytest.raises(SandboxUnavailable, match=r"worker could be started: .*Resource temporarily unavailable"):
         box.compile(xgrammar_only.get("xgrammar"), GrammarSpec.regex("[a-z]"), sandbox_module.Budget(5))
     assert len(attempts) == tried  # within the back-off: no new spawn, no loop
     box.close(final=True)
