@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
 import torch
 
 
@@ -99,18 +100,18 @@ def dictated(token: int, allowed: Sequence[int] | None, text: Callable[[int], st
 
 def few_allowed(bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, limit: int = 16) -> dict[int, list[int]]:
     """The allowed token ids of each of `rows` whose mask allows at most `limit` tokens (the rest are left
-    out: a wide mask is a choice). One vectorised pass finds the candidate rows; only those are unpacked."""
+    out: a wide mask is a choice). One vectorised count finds the candidate rows; only those are unpacked."""
     if not rows:
         return {}
-    index = torch.tensor(list(rows))
-    words = (bitmask[index] != 0).sum(dim=1).tolist()
+    masks = bitmask.numpy()  # the CPU int32 bitmask, viewed (no copy)
+    counts = np.count_nonzero(masks[: max(rows) + 1], axis=1)
     found: dict[int, list[int]] = {}
-    for row, nonzero in zip(rows, words, strict=True):
-        if nonzero > limit:
+    for row in rows:
+        if counts[row] > limit:
             continue
         tokens: list[int] = []
-        for word in torch.nonzero(bitmask[row]).flatten().tolist():
-            bits = int(bitmask[row, word]) & 0xFFFFFFFF
+        for word in np.flatnonzero(masks[row]).tolist():
+            bits = int(masks[row, word]) & 0xFFFFFFFF
             while bits and len(tokens) <= limit:
                 low = bits & -bits
                 token = word * 32 + low.bit_length() - 1

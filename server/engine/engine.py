@@ -190,7 +190,8 @@ class Engine:
             for row, message in failed.items():
                 batch[row].error = message
                 self._finish(batch[row], "error")
-            narrow = few_allowed(self._bitmask, rows, self._vocab)
+            watched = [row for row in rows if batch[row].stall is not None]
+            narrow = few_allowed(self._bitmask, watched, self._vocab)
             self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
             for row in rows:
                 seq = batch[row]
