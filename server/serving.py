@@ -329,7 +329,8 @@ class Service:
         outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
 
         def sink(out: SeqOutput) -> None:  # engine thread → event loop
-            loop.call_soon_threadsafe(outputs.put_nowait, out)
+            if not loop.is_closed():  # a final answer given as the server stops may find no loop to take it
+                loop.call_soon_threadsafe(outputs.put_nowait, out)
 
         compiled = prepared.compiled
         backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
