@@ -83,12 +83,14 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
-        prepared = await service.prepare(req, service.chat_prompt(req), prompt_param="messages")
+        prompt = await service.off_loop(service.chat_prompt, req)  # rendering + tokenizing grow with the request
+        prepared = await service.prepare(req, prompt, prompt_param="messages")
         return await _respond(service, req, prepared, chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> JSONResponse | EventSourceResponse:
-        prepared = await service.prepare(req, service.completion_prompt(req), prompt_param="prompt")
+        prompt = await service.off_loop(service.completion_prompt, req)
+        prepared = await service.prepare(req, prompt, prompt_param="prompt")
         return await _respond(service, req, prepared, chat=False)
 
     return app
@@ -102,6 +104,7 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
+        service.check_capacity()  # a 429 must come before the stream's 200 headers
         events = _stream(service, req, choices, response_id, created, chat)
         return EventSourceResponse(guard_stream(events, service.metrics.internal_errors), ping=15)
     done = await run_choices(service, choices)
@@ -172,7 +175,7 @@ async def _stream(
                     piece = chunk_choice(index, out.delta, None, chat=chat, finish_mode=mode, logprobs=logprobs)
                     yield json.dumps(chunk(piece))
                 continue
-            done = service.finish(prepared, out)
+            done = await service.off_loop(service.finish, prepared, out)
             if done.finish_reason == HUNG:
                 error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
                 yield json.dumps(error)

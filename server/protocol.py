@@ -20,7 +20,7 @@ class _Request(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI's range (int64); torch takes it all
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=16)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
