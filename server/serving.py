@@ -148,7 +148,8 @@ class Service:
         where it would hold up every other request (a 2 MB message tokenizes for seconds)."""
         call = functools.partial(fn, *args, **kwargs)
         # In the request's context, so log lines written there carry its request id.
-        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, contextvars.copy_context().run, call)
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, context.run, call)
 
     def _watch_steps(self) -> None:
         """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
