@@ -22,7 +22,7 @@ from grammars.validation import InvalidConstraint
 class InputLimits:
     """What one request's constraint may hold. Each field is a `corral serve` flag of the same name."""
 
-    max_schema_depth: int = 64  # JSON nesting levels of one schema document
+    max_schema_depth: int = 128  # JSON nesting levels of one schema document
     max_schema_nodes: int = 100_000  # JSON values (objects, arrays, scalars) in one schema document
     max_schema_refs: int = 5_000  # `$ref` keywords in one schema document
     max_regex_length: int = 10_000  # characters

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -29,7 +30,11 @@ log = logging.getLogger(__name__)
 HUNG = str(Trip.HUNG_STEP)
 
 
+RECURSION_LIMIT = 20_000  # jsonschema recurses a few frames per schema level: room for --max-schema-depth
+
+
 def create_app(service: Service) -> FastAPI:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not service.ready:

@@ -73,8 +73,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1, description="request body size; larger is a 413, refused while it is read"
     )
-    max_json_depth: int = Field(100, ge=8, description="nesting depth of a request body (JSON); deeper is a 400")
-    max_schema_depth: int = Field(64, ge=2, description="nesting depth of one JSON Schema document")
+    max_json_depth: int = Field(160, ge=8, description="nesting depth of a request body (JSON); deeper is a 400")
+    max_schema_depth: int = Field(128, ge=2, description="nesting depth of one JSON Schema document")
     max_schema_nodes: int = Field(100_000, ge=1, description="JSON values in one JSON Schema document")
     max_schema_refs: int = Field(5_000, ge=0, description="$ref keywords in one JSON Schema document")
     max_regex_length: int = Field(10_000, ge=1, description="characters of a regex constraint")

@@ -229,7 +229,7 @@ def test_deep_schema_inside_a_json_string_names_the_field(http: httpx.Client, de
 
 
 def test_schema_past_the_depth_limit_names_the_field(http: httpx.Client) -> None:
-    schema = json.loads(nested_items(70))  # within --max-json-depth (100), past --max-schema-depth (64)
+    schema = json.loads(nested_items(140))  # within --max-json-depth (160), past --max-schema-depth (128)
     fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}
     response = http.post("/v1/chat/completions", json=chat_body(response_format=fmt))
     assert_openai_error(response, 400, "schema_too_deep", "response_format.json_schema.schema")
