@@ -34,28 +34,29 @@ COPY deploy/docker/certs/ /tmp/certs/
 RUN find /tmp/certs -name '*.crt' -exec cp {} /usr/local/share/ca-certificates/ \; && update-ca-certificates
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    PIP_FIND_LINKS=/tmp/wheels PIP_DEFAULT_TIMEOUT=120
+    PIP_FIND_LINKS=/tmp/wheels PIP_DEFAULT_TIMEOUT=120 CORRAL_CACHE_DIR=/var/cache/corral
 RUN python3 -m venv /opt/corral/venv
 COPY deploy/docker/wheels/ /tmp/wheels/
-COPY constraints.txt /src/constraints.txt
+COPY deploy/docker/install-venv.sh /usr/local/bin/install-venv
+COPY constraints.txt /src/meta/constraints.txt
+
+# ---- source: the code, apart, so that a code change rebuilds only the last layers -----------------------------
+FROM base AS source
+COPY pyproject.toml README.md constraints.txt /src/project/
+COPY server /src/project/server
+COPY grammars /src/project/grammars
+COPY samplers /src/project/samplers
+COPY benchmarks /src/project/benchmarks
 
 # ---- CPU venv --------------------------------------------------------------------------------------------------
 FROM builder AS build-cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_LOCAL_VERSION=+cpu
-# torch first, from its own index, at constraints.txt's version; its dependencies come from PIP_INDEX_URL.
-RUN /opt/corral/venv/bin/pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-      "$(grep -E '^torch==' /src/constraints.txt)${TORCH_LOCAL_VERSION}"
-COPY pyproject.toml README.md /src/
-COPY server /src/server
-COPY grammars /src/grammars
-COPY samplers /src/samplers
-COPY benchmarks /src/benchmarks
-# xgrammar requires triton (about 1 GB) for its CUDA bitmask kernel; the CPU path never imports it.
-RUN /opt/corral/venv/bin/pip install -c /src/constraints.txt /src \
- && /opt/corral/venv/bin/pip uninstall -y triton \
- && CORRAL_CACHE_DIR=/var/cache/corral /opt/corral/venv/bin/python -c \
-      "from server.models.default_model import ensure_default_model; print(ensure_default_model())"
+RUN install-venv torch
+COPY pyproject.toml /src/meta/
+RUN install-venv deps cpu
+COPY --from=source /src/project /src/project
+RUN install-venv project
 
 # ---- runtime: non-root, no compilers, no pip caches, no extra CAs ----------------------------------------------
 FROM base AS runtime
@@ -83,16 +84,11 @@ COPY --from=build-cpu --chown=10001:10001 /var/cache/corral /var/cache/corral
 FROM builder AS build-cuda
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG TORCH_LOCAL_VERSION=
-RUN /opt/corral/venv/bin/pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-      "$(grep -E '^torch==' /src/constraints.txt)${TORCH_LOCAL_VERSION}"
-COPY pyproject.toml README.md /src/
-COPY server /src/server
-COPY grammars /src/grammars
-COPY samplers /src/samplers
-COPY benchmarks /src/benchmarks
-RUN /opt/corral/venv/bin/pip install -c /src/constraints.txt /src \
- && CORRAL_CACHE_DIR=/var/cache/corral /opt/corral/venv/bin/python -c \
-      "from server.models.default_model import ensure_default_model; print(ensure_default_model())"
+RUN install-venv torch
+COPY pyproject.toml /src/meta/
+RUN install-venv deps cuda
+COPY --from=source /src/project /src/project
+RUN install-venv project
 
 FROM runtime AS cuda
 COPY --from=build-cuda /opt/corral/venv /opt/corral/venv
