@@ -112,7 +112,12 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
-        return EventSourceResponse(_stream(service, req, choices, response_id, created, chat), ping=15)
+        # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
+        return EventSourceResponse(
+            _stream(service, req, choices, response_id, created, chat),
+            ping=15,
+            shutdown_grace_period=service.settings.shutdown_timeout_s,
+        )
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)
     if hung is not None:

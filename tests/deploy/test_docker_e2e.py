@@ -160,16 +160,34 @@ def test_metrics_are_exported(stack: Stack) -> None:
     assert "corral_grammar_cache_total" in text and "corral_waiting_requests" in text
 
 
-def test_sigterm_ends_the_container_within_its_grace_period(stack: Stack) -> None:
+def test_sigterm_drains_in_flight_requests_and_exits_within_its_grace_period(stack: Stack) -> None:
     (replica,) = stack.replicas()
-    start = time.monotonic()
-    # `docker stop` sends SIGTERM, and SIGKILL only when the grace period runs out (exit code 137 then).
-    sh("docker", "stop", "-t", str(GRACE_S), replica, timeout=GRACE_S + 60)
-    elapsed = time.monotonic() - start
+    stream = stack.client().chat.completions.create(
+        model="corral-default",
+        messages=[{"role": "user", "content": "Talk"}],
+        max_tokens=120,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    next(chunks)  # the request is running in the engine now
+    stopped: list[float] = []
+
+    def stop() -> None:
+        start = time.monotonic()
+        # `docker stop` sends SIGTERM, and SIGKILL only when the grace period runs out (exit code 137 then).
+        sh("docker", "stop", "-t", str(GRACE_S), replica, timeout=GRACE_S + 60)
+        stopped.append(time.monotonic() - start)
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    stopper.join()
     state = json.loads(sh("docker", "inspect", "-f", "{{json .State}}", replica).stdout)
-    stack.report["sigterm_exit_s"] = round(elapsed, 1)
+    stack.report["sigterm_exit_s"] = round(stopped[0], 1)
+    assert finish == ["length"], "the request in flight was not allowed to finish"
     assert state["ExitCode"] == 0, state
-    assert elapsed < GRACE_S
+    assert stopped[0] < GRACE_S
 
 
 def _served(replica: str) -> float:
@@ -230,3 +248,23 @@ def test_two_replicas_share_load_keep_schema_affinity_and_survive_one_dying(stac
     stack.report["requests_after_kill"] = after_kill
     assert not failures, failures
     assert after_kill >= 4
+
+
+def test_hung_step_exit_70_is_restarted_by_compose(stack: Stack) -> None:
+    # A deadline no engine step can meet: the first request's step "hangs", corral fails it, exits with
+    # status 70, and the service's `restart: unless-stopped` brings it back.
+    stack.env["CORRAL_HUNG_STEP_TIMEOUT_S"] = "0.001"
+    stack.compose("up", "-d", "--wait", "--wait-timeout", "300", "--scale", "corral=1")
+    _wait_routable(stack)
+    (replica,) = stack.replicas()
+    with pytest.raises(openai.APIStatusError) as failed:
+        _person(stack.client())
+    assert failed.value.status_code == 503
+    deadline = time.monotonic() + 60
+    while json.loads(sh("docker", "inspect", "-f", "{{json .RestartCount}}", replica).stdout) < 1:
+        assert time.monotonic() < deadline, "the container was not restarted"
+        time.sleep(1)
+    assert "exiting with status 70" in sh("docker", "logs", replica).stderr
+    start = time.monotonic()
+    _wait_routable(stack)
+    stack.report["hung_exit_restart_healthy_s"] = round(time.monotonic() - start, 1)

@@ -54,7 +54,8 @@ def test_kustomization_lists_every_manifest() -> None:
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = deployment["spec"]["template"]["spec"]["containers"]
+    (container,) = containers
     return container
 
 
