@@ -83,7 +83,9 @@ def stack() -> Iterator[Stack]:
     env = {**os.environ, "CORRAL_PUBLISH": f"127.0.0.1:{port}", "CORRAL_TORCH_THREADS": "1"}
     running = Stack(f"http://127.0.0.1:{port}", env)
     try:
+        start = time.monotonic()
         base, how = base_image()
+        running.report["base_image_s"] = round(time.monotonic() - start, 1)
         build_env, notes = stage_build_inputs()
         env.update(build_env, CORRAL_BASE_IMAGE=base)
         running.report.update(base_image=how, setup=host.notes + notes)
