@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
-from server.errors import ApiError
+from server.errors import ApiError, guard_stream, install_error_handlers
 from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
+from server.openai.grammars_api import grammar_routes
+from server.openai.request_limits import add_inner_middleware, add_outer_middleware
 from server.openai.tools import ToolCallStream
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
@@ -38,27 +39,14 @@ def create_app(service: Service) -> FastAPI:
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan)
     app.state.service = service
+    # Middleware, innermost first (docs/reliability.md): 500s, body limits, API keys, CORS, request ids.
+    add_inner_middleware(app, service.settings, service.metrics)
     if service.settings.api_keys():
         app.add_middleware(
             ApiKeyMiddleware, keys=service.settings.api_keys(), protect_metrics=service.settings.metrics_require_key
         )
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, type_=exc.type, param=exc.param, code=exc.code), exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return JSONResponse(error_body(message, param=param), 400)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", type_="server_error"), 500)
+    add_outer_middleware(app, service.settings)
+    install_error_handlers(app, service.metrics.limit_refusals)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -91,6 +79,8 @@ def create_app(service: Service) -> FastAPI:
             ],
         }
 
+    app.include_router(grammar_routes(service))  # /v1/capabilities, /v1/grammars
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
         prepared = await service.prepare(req, service.chat_prompt(req), prompt_param="messages")
@@ -112,9 +102,10 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
+        events = _stream(service, req, choices, response_id, created, chat)
         # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
         return EventSourceResponse(
-            _stream(service, req, choices, response_id, created, chat),
+            guard_stream(events, service.metrics.internal_errors),
             ping=15,
             shutdown_grace_period=service.settings.shutdown_timeout_s,
         )
@@ -156,7 +147,7 @@ def _final_body(service: Service, done: list[Finished], rid: str, created: int, 
 
 async def _stream(
     service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:

@@ -55,6 +55,12 @@ class Metrics:
         self.rejected = Counter(
             "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
         )
+        self.internal_errors = Counter(
+            "corral_internal_errors_total", "Unexpected exceptions answered with a 500", registry=r
+        )
+        self.limit_refusals = Counter(
+            "corral_limit_refusals_total", "Requests refused by a request limit", ["limit"], registry=r
+        )
         self.trips = Counter(
             "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r
         )

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from server.errors import error_body as error_body  # the error shape lives in server/errors.py
 from server.openai.fields import Endpoint, screen
 
 
@@ -109,9 +110,3 @@ LEGACY_FIELDS = (
     "guided_grammar",
     "guided_decoding_backend",
 )
-
-
-def error_body(
-    message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import os
@@ -31,6 +32,7 @@ from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
 from server.openai.fields import max_tokens_for
 from server.openai.logprobs import requested_logprobs
+from server.openai.request_limits import input_limits
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -71,6 +73,7 @@ class Service:
             # oversubscription (measured on 2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1).
             torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         self.model_name = settings.served_model_name or loaded.name
+        self.limits = input_limits(settings)  # request limits on constraints (grammars/limits.py)
         self.tool_format = detect_format(settings.tool_call_format, loaded.tokenizer)
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
@@ -151,10 +154,10 @@ class Service:
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # Messages, tools, tool calls and tool results as the chat template (or corral's default) renders them.
         try:
-            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
             return prompt_ids(self.loaded.tokenizer, req.messages, tools, self.tool_format)
         except (InvalidConstraint, MessageError) as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=exc.param, code=getattr(exc, "code", None)) from exc
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         try:
@@ -183,13 +186,15 @@ class Service:
                 code="context_length_exceeded",
             )
         try:
-            constraint = parse_constraint(req.response_format, req.structured_outputs, req.legacy_constraint())
+            constraint = parse_constraint(
+                req.response_format, req.structured_outputs, req.legacy_constraint(), limits=self.limits
+            )
             if isinstance(req, ChatCompletionRequest):
-                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
                 constraint = tool_constraint(tools, constraint, self.tool_format)
             self.backends.check_name(constraint.backend)
         except InvalidConstraint as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
         except UnknownBackend as exc:
             raise bad_request(str(exc), param=constraint.backend_source) from exc
         params = self._sampling_params(req, len(prompt_ids))
@@ -244,7 +249,8 @@ class Service:
             loop.call_soon_threadsafe(started.set)
             return self.grammars.compile(spec, backend)
 
-        future = loop.run_in_executor(self._compile_pool, work)
+        # In the request's context, so the compile's log lines carry its request id (server/request_context.py).
+        future = loop.run_in_executor(self._compile_pool, contextvars.copy_context().run, work)
         # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
         # does not report it as never retrieved; the result is cached by GrammarCache anyway.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
