@@ -111,7 +111,12 @@ async def _respond(
     if req.stream:
         service.check_capacity()  # a 429 must come before the stream's 200 headers
         events = _stream(service, req, choices, response_id, created, chat)
-        return EventSourceResponse(guard_stream(events, service.metrics.internal_errors), ping=15)
+        # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
+        return EventSourceResponse(
+            guard_stream(events, service.metrics.internal_errors),
+            ping=15,
+            shutdown_grace_period=service.settings.shutdown_timeout_s,
+        )
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)
     if hung is not None:
