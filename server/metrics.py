@@ -52,6 +52,13 @@ class Metrics:
         self.failures = Counter(
             "corral_failures_total", "Requests that ended without a valid answer, by class", ["failure"], registry=r
         )
+        self.mode_outcomes = Counter(
+            "corral_mode_outcomes_total",
+            "Finished requests by mediation mode (read off the constraint: docs/mediation.md) and outcome: the "
+            "finish reason, or the failure class when the answer broke its contract",
+            ["mode", "outcome"],
+            registry=r,
+        )
         self.rejected = Counter(
             "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
         )

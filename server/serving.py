@@ -33,6 +33,7 @@ from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
 from server.openai.fields import max_tokens_for
 from server.openai.logprobs import requested_logprobs
+from server.openai.modes import request_mode
 from server.openai.request_limits import input_limits
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
@@ -419,8 +420,11 @@ class Service:
     def _observe(self, done: Finished) -> None:
         m, stats, seq = self.metrics, done.seq.stats, done.seq
         m.requests.labels(done.finish_reason).inc()
-        if done.check is not None and not done.check.valid:
+        failed = done.check is not None and not done.check.valid
+        if failed:
             m.failures.labels(_failure_class(seq)).inc()
+        outcome = _failure_class(seq) if failed else done.finish_reason
+        m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
         if stats.first_token is not None:
             m.ttft.observe(stats.first_token - stats.arrival)
         if stats.scheduled is not None:

@@ -15,11 +15,10 @@ from grammars.validation import InvalidConstraint
 from samplers.registry import UnknownBackend
 from server.errors import ApiError, bad_request
 from server.openai.finish import FinishReason
+from server.openai.modes import MODES
 from server.openai.tools import parse_tools, tool_constraint
 from server.protocol import LEGACY_FIELDS
 from server.serving import Service
-
-MODES = ("schema_constrained", "json_mode", "contract_only")
 
 
 class GrammarRequest(BaseModel):
