@@ -7,6 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from grammars.limits import (
+    DEFAULT_LIMITS,
+    InputLimits,
+    LimitExceeded,
+    check_count,
+    check_schema_limits,
+    check_source_length,
+)
 from grammars.lowering import detect_grammar_kind
 from grammars.spec import GrammarKind, GrammarSpec
 from grammars.validation import InvalidConstraint, check_schema
@@ -14,7 +22,6 @@ from grammars.validation import InvalidConstraint, check_schema
 AUTO = "auto"
 CONSTRAINT_KEYS = ("json", "json_object", "choice", "regex", "grammar")
 GRAMMAR_SYNTAXES = {"lark": GrammarKind.LARK, "ebnf": GrammarKind.EBNF, "gbnf": GrammarKind.EBNF}
-MAX_CHOICES = 10_000
 # vLLM's older request fields, each the structured_outputs key it stands for.
 LEGACY_KEYS = {
     "guided_json": "json",
@@ -36,15 +43,20 @@ class ConstraintRequest:
 
 
 def parse_constraint(
-    response_format: Any, structured_outputs: Any, legacy: Mapping[str, Any] | None = None
+    response_format: Any,
+    structured_outputs: Any,
+    legacy: Mapping[str, Any] | None = None,
+    *,
+    limits: InputLimits = DEFAULT_LIMITS,
 ) -> ConstraintRequest:
     """Exactly one constraint per request; two (in either or both places) is an error. `legacy` holds
-    vLLM's older guided_* fields, each read as the structured_outputs key it stands for."""
+    vLLM's older guided_* fields, each read as the structured_outputs key it stands for. Each constraint
+    is measured against `limits` before anything else looks at it."""
     found: list[tuple[str, GrammarSpec]] = []
     backend = AUTO
     backend_source = "structured_outputs.backend"
     if response_format is not None:
-        spec = _from_response_format(response_format)
+        spec = _from_response_format(response_format, limits)
         if spec is not None:
             found.append(("response_format", spec))
     if structured_outputs is not None:
@@ -61,7 +73,7 @@ def parse_constraint(
             value = structured_outputs.get(key)
             if value is None or (value is False and key != "json"):  # `json: false` is a schema, not "off"
                 continue
-            found.append((f"structured_outputs.{key}", _from_structured(key, value, structured_outputs)))
+            found.append((f"structured_outputs.{key}", _from_structured(key, value, structured_outputs, limits)))
         raw_backend = structured_outputs.get("backend")
         if raw_backend is not None:
             if not isinstance(raw_backend, str) or not raw_backend:
@@ -72,7 +84,7 @@ def parse_constraint(
     for name, value in (legacy or {}).items():
         key = LEGACY_KEYS[name]
         if key != "backend":
-            found.append((name, _from_structured(key, value, {}, param=name)))
+            found.append((name, _from_structured(key, value, {}, limits, param=name)))
             continue
         if not isinstance(value, str) or not value:
             raise InvalidConstraint(f"{name} must be a backend name", param=name)
@@ -93,7 +105,7 @@ def parse_constraint(
     return ConstraintRequest(spec, backend, source, backend_source)
 
 
-def _from_response_format(rf: Any) -> GrammarSpec | None:
+def _from_response_format(rf: Any, limits: InputLimits) -> GrammarSpec | None:
     if not isinstance(rf, dict):
         raise InvalidConstraint("response_format must be an object", param="response_format")
     kind = rf.get("type")
@@ -112,14 +124,14 @@ def _from_response_format(rf: Any) -> GrammarSpec | None:
             raise InvalidConstraint(
                 "response_format.json_schema.schema is required", param="response_format.json_schema.schema"
             )
-        return _schema_spec(schema, "response_format.json_schema.schema")
+        return _schema_spec(schema, "response_format.json_schema.schema", limits)
     raise InvalidConstraint(
         f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
         param="response_format.type",
     )
 
 
-def _schema_spec(schema: Any, param: str) -> GrammarSpec:
+def _schema_spec(schema: Any, param: str, limits: InputLimits) -> GrammarSpec:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -127,16 +139,25 @@ def _schema_spec(schema: Any, param: str) -> GrammarSpec:
             raise InvalidConstraint(
                 f"{param} is not valid JSON: {exc.msg} at line {exc.lineno}:{exc.colno}", param=param
             ) from exc
+        except RecursionError as exc:  # far deeper than max_schema_depth
+            raise LimitExceeded(
+                f"{param} nests deeper than {limits.max_schema_depth} levels (limit --max-schema-depth)",
+                param=param,
+                code="schema_too_deep",
+            ) from exc
     if schema is False:  # valid JSON Schema, but no answer can satisfy it: refuse rather than fail open
         raise InvalidConstraint(f"{param} is `false`, a schema that no value satisfies", param=param)
+    check_schema_limits(schema, limits, param=param)
     check_schema(schema, param=param)
     return GrammarSpec.json_schema(schema)
 
 
-def _from_structured(key: str, value: Any, block: dict[str, Any], *, param: str | None = None) -> GrammarSpec:
+def _from_structured(
+    key: str, value: Any, block: dict[str, Any], limits: InputLimits, *, param: str | None = None
+) -> GrammarSpec:
     param = param or f"structured_outputs.{key}"
     if key == "json":
-        return _schema_spec(value, param)
+        return _schema_spec(value, param, limits)
     if key == "json_object":
         if value is not True:
             raise InvalidConstraint(f"{param} must be true", param=param)
@@ -146,18 +167,19 @@ def _from_structured(key: str, value: Any, block: dict[str, Any], *, param: str 
             raise InvalidConstraint(f"{param} must be a list of strings", param=param)
         if not value:
             raise InvalidConstraint(f"{param} is empty: give at least one choice", param=param)
-        if len(value) > MAX_CHOICES:
-            raise InvalidConstraint(f"{param} has {len(value)} choices; at most {MAX_CHOICES}", param=param)
+        check_count(len(value), limits.max_choices, what="choices", flag="max-choices", param=param)
         if any(v == "" for v in value):
             raise InvalidConstraint(f"{param} contains an empty string", param=param)
         return GrammarSpec.choice(list(dict.fromkeys(value)))
     if key == "regex":
         if not isinstance(value, str) or not value:
             raise InvalidConstraint(f"{param} must be a non-empty string", param=param)
+        check_source_length(value, limits.max_regex_length, what="regex", flag="max-regex-length", param=param)
         return GrammarSpec.regex(value)
     # grammar
     if not isinstance(value, str) or not value.strip():
         raise InvalidConstraint(f"{param} must be a non-empty grammar string", param=param)
+    check_source_length(value, limits.max_grammar_length, what="grammar", flag="max-grammar-length", param=param)
     syntax = block.get("grammar_syntax")
     if syntax is None:
         kind = detect_grammar_kind(value)

@@ -14,12 +14,14 @@ from grammars.spec import GrammarKind, GrammarSpec
 
 
 class InvalidConstraint(ValueError):
-    """The caller's constraint is malformed. `param` names the request field, `where` the place in it."""
+    """The caller's constraint is malformed. `param` names the request field, `where` the place in it,
+    `code` the error code when there is one more precise than the status (e.g. a limit's name)."""
 
-    def __init__(self, message: str, *, param: str, where: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str, where: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.where = where
+        self.code = code
 
 
 def json_pointer(path: Any) -> str:
@@ -39,6 +41,10 @@ def check_schema(schema: Any, *, param: str) -> None:
     except jsonschema.SchemaError as exc:
         where = json_pointer(exc.path)
         raise InvalidConstraint(f"invalid JSON Schema at {where}: {exc.message}", param=param, where=where) from exc
+    except RecursionError as exc:  # the depth limit (grammars/limits.py) keeps callers from getting here
+        raise InvalidConstraint(
+            f"{param} nests too deeply to check", param=param, code="schema_too_deep"
+        ) from exc
 
 
 def check_regex_hint(pattern: str) -> str | None:
@@ -69,7 +75,16 @@ def schema_error(schema: dict[str, Any] | bool, value: Any) -> str | None:
 
 
 def validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
-    """Validate a finished answer against the *full* contract (not the decode-time subset)."""
+    """Validate a finished answer against the *full* contract (not the decode-time subset). An answer
+    nested too deeply for the recursive checkers (a recursive schema lets the model go on nesting) fails
+    closed: it is never taken for valid."""
+    try:
+        return _validate_output(spec, text)
+    except RecursionError:
+        return OutputCheck(False, "the answer nests too deeply to check against the full contract")
+
+
+def _validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
     if spec.is_json:
         try:
             value = json.loads(text)

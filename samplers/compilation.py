@@ -30,6 +30,7 @@ from samplers.sandbox import (
     DEFAULT_MEMORY_LIMIT_MB,
     DEFAULT_WORKERS,
     Budget,
+    CompileOutOfMemory,
     CompileSandbox,
     CompileStopped,
     CompileTimeout,
@@ -50,6 +51,7 @@ class GrammarRejected(ValueError):
         unsupported: bool,
         timed_out: bool = False,
         deadline_s: float | None = None,
+        out_of_memory: bool = False,
     ) -> None:
         super().__init__(message)
         self.tried = tried
@@ -58,6 +60,13 @@ class GrammarRejected(ValueError):
         # `grammar_compile_timeout` rather than `invalid_grammar`.
         self.timed_out = timed_out
         self.deadline_s = deadline_s
+        # True when compiling needed more than a compile worker may use: `compile_out_of_memory`.
+        self.out_of_memory = out_of_memory
+
+    @property
+    def retryable(self) -> bool:
+        """A refusal that a less loaded host might not repeat; cached only for `timeout_retry_s`."""
+        return self.timed_out or self.out_of_memory
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class GrammarCache:
         isolate: bool = False,
         sandbox: CompileSandbox | None = None,
         workers: int = DEFAULT_WORKERS,
+        spare_workers: int = 1,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         timeout_retry_s: float | None = 600.0,
     ) -> None:
@@ -98,7 +108,9 @@ class GrammarCache:
         self.compile_timeout_s = compile_timeout_s
         self.timeout_retry_s = timeout_retry_s
         if sandbox is None and isolate:
-            sandbox = shared_sandbox(backends, workers=workers, memory_limit_mb=memory_limit_mb)
+            sandbox = shared_sandbox(
+                backends, workers=workers, spares=spare_workers, memory_limit_mb=memory_limit_mb
+            )
         self.sandbox = sandbox
         self._entries: OrderedDict[tuple[str, str], CompiledGrammar | GrammarRejected] = OrderedDict()
         self._expiry: dict[tuple[str, str], float] = {}  # monotonic time after which a cached timeout is retried
@@ -114,7 +126,10 @@ class GrammarCache:
             self.sandbox.start()
         self.backends.warm_up()
         if self.sandbox is not None:
-            self.sandbox.wait_ready()
+            try:
+                self.sandbox.wait_ready()
+            except SandboxUnavailable as exc:  # serve anyway; compiles fall back to in-process
+                log.error("compile workers are not available at start: %s", exc)
 
     def close(self, *, final: bool = False) -> None:
         """Stop the compile workers. A later compile starts fresh ones, unless `final` (the server is
@@ -190,7 +205,7 @@ class GrammarCache:
     def _store(self, key: tuple[str, str], value: CompiledGrammar | GrammarRejected) -> None:
         self._entries[key] = value
         self._entries.move_to_end(key)
-        if isinstance(value, GrammarRejected) and value.timed_out and self.timeout_retry_s is not None:
+        if isinstance(value, GrammarRejected) and value.retryable and self.timeout_retry_s is not None:
             self._expiry[key] = time.monotonic() + self.timeout_retry_s
         while len(self._entries) > self.capacity:
             self._forget(next(iter(self._entries)))
@@ -257,14 +272,19 @@ _shared_lock = threading.Lock()
 
 
 def shared_sandbox(
-    backends: BackendSet, *, workers: int = DEFAULT_WORKERS, memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB
+    backends: BackendSet,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    spares: int = 1,
+    memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
 ) -> CompileSandbox:
-    """The compile workers for `backends`, created on first use (the first caller's settings win)."""
+    """The compile workers for `backends`, created on first use (the first caller's settings win): `workers`
+    compile at once, and `spares` more stand ready so a killed worker's reboot holds no compile up."""
     with _shared_lock:
         sandbox = _shared.get(backends)
         if sandbox is None:
             sandbox = CompileSandbox(
-                backends.tokenizer, backends.enabled, workers=workers, memory_limit_mb=memory_limit_mb
+                backends.tokenizer, backends.enabled, workers=workers, spares=spares, memory_limit_mb=memory_limit_mb
             )
             _shared[backends] = sandbox
         return sandbox
@@ -280,6 +300,9 @@ def _rejection(spec: GrammarSpec, failures: list[CompileError]) -> GrammarReject
             f"({details}); simplify it"
         )
         return GrammarRejected(message, tried=tried, unsupported=False, timed_out=True, deadline_s=last.deadline_s)
+    if isinstance(last, CompileOutOfMemory):
+        message = f"compiling the {describe(spec)} needed more memory than a compile worker may use ({details})"
+        return GrammarRejected(message, tried=tried, unsupported=False, out_of_memory=True)
     unsupported = all(f.unsupported for f in failures)
     if spec.is_json and unsupported:
         message = f"no backend can enforce this JSON Schema (tried {', '.join(tried)}) — {details}"

@@ -11,7 +11,12 @@ Design choices:
   backend: building the tokenizer tables costs seconds (llguidance ~4 s, xgrammar ~1 s for the 128k
   Llama-3 vocabulary), far too much to pay per compile. A worker reports "ready" only once its tables
   are built; waiting for that (or for a free worker) is not charged to the compile deadline.
-- A killed worker is replaced at once, so its successor boots in the background.
+- A killed worker is replaced at once, so its successor boots in the background; and the pool keeps
+  `spares` workers beyond the compile parallelism (the server: one), so while that successor boots a
+  ready worker is still free: a compile bomb's kill never makes ordinary compiles wait for a boot.
+- A worker that cannot be spawned at all (no memory, no process slots) is not retried in a loop: a
+  compile waiting for one is told at once (SandboxUnavailable), and a new spawn is tried only after
+  RESPAWN_BACKOFF_S.
 - What comes back: the worker compiles under the deadline; the parent then needs its own copy.
   xgrammar ships small grammars as `CompiledGrammar.serialize_json()` (deserialised with the parent's
   TokenizerInfo: ~0.1 ms for a choice, ~2 ms for a small schema); for big ones serialising costs more
@@ -19,8 +24,9 @@ Design choices:
   serialisation; building its matcher takes ms, so the parent always builds it again. Either way the
   parent repeats only work that just finished within the deadline, so it is bounded: a refusal comes
   at the deadline, a success within ~2x the deadline at worst.
-- Each worker caps its own address space (RLIMIT_AS) so a compile that explodes in memory fails in the
-  worker instead of waking the OOM killer on the host; and exits when its parent disappears.
+- Each worker caps its own address space (RLIMIT_AS, `memory_limit_mb` above what it holds once ready)
+  so a compile that explodes in memory fails in the worker (CompileOutOfMemory, its own error code)
+  instead of waking the OOM killer on the host; and exits when its parent disappears.
 Backends without a codec here (plug-ins, test doubles) compile in the caller's thread as before.
 """
 
@@ -50,6 +56,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WORKERS = 2
 DEFAULT_MEMORY_LIMIT_MB = 4096  # per compile worker, on top of what it holds once ready
 START_TIMEOUT_S = 300.0  # booting a worker (imports + tokenizer tables) on a busy host
+RESPAWN_BACKOFF_S = 5.0  # after a worker failed to spawn, compiles go without one for this long
 _CTX = multiprocessing.get_context("spawn")
 
 
@@ -59,6 +66,14 @@ class CompileTimeout(CompileError):
     def __init__(self, message: str, *, backend: str, deadline_s: float) -> None:
         super().__init__(message, backend=backend)
         self.deadline_s = deadline_s
+
+
+class CompileOutOfMemory(CompileError):
+    """The compile needed more memory than a worker may use (`memory_limit_mb`); the worker was replaced."""
+
+    def __init__(self, message: str, *, backend: str, limit_mb: int | None) -> None:
+        super().__init__(message, backend=backend)
+        self.limit_mb = limit_mb
 
 
 class CompileStopped(CompileError):
@@ -314,14 +329,15 @@ class CompileSandbox:
         names: Sequence[str],
         *,
         workers: int = DEFAULT_WORKERS,
+        spares: int = 0,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        if workers < 1:
-            raise ValueError("a compile sandbox needs at least one worker")
+        if workers < 1 or spares < 0:
+            raise ValueError("a compile sandbox needs at least one worker (and no negative spares)")
         self.tokenizer = tokenizer
         self.names = [n for n in names if n in _CODECS]
-        self.size = workers
+        self.size = workers + spares  # `workers` compile at once (the caller's parallelism); spares stand by
         self.memory_limit_mb = memory_limit_mb
         self.start_timeout_s = start_timeout_s
         self._codecs = {name: _CODECS[name]() for name in self.names}
@@ -333,6 +349,8 @@ class CompileSandbox:
         self._broken: str | None = None
         self._closed = False  # close(final=True): refuse compiles instead of starting workers again
         self._booting = 0  # workers being spawned, not yet in _workers
+        self._spawn_error: str | None = None  # why the last spawn failed (cleared by a successful one)
+        self._spawn_failed_at = 0.0  # monotonic time of that failure
         self._generation = 0  # bumped by close(): a worker that finishes booting after it is stopped
         self._started = self._killed = self._crashed = 0
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
@@ -344,7 +362,7 @@ class CompileSandbox:
     def start(self) -> None:
         """Boot the workers now (e.g. at server warm-up) instead of on the first compile; returns at once."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._backing_off():
                 return
             missing = self.size - len(self._workers) - self._booting
             self._booting += missing
@@ -354,9 +372,12 @@ class CompileSandbox:
     def wait_ready(self, count: int | None = None) -> None:
         """Start the workers and block until `count` of them (default: all) have built their tables."""
         self.start()
-        acquired = [self._acquire() for _ in range(min(count or self.size, self.size))]
-        taken = [worker for worker in acquired if worker is not None]
+        taken: list[_Worker] = []
         try:
+            for _ in range(min(count or self.size, self.size)):
+                worker = self._acquire()
+                if worker is not None:
+                    taken.append(worker)
             for worker in taken:
                 worker.wait_ready(self.start_timeout_s)
         finally:
@@ -412,7 +433,10 @@ class CompileSandbox:
                 done = True
                 if self._closed:  # killed by close(final=True), not by the grammar
                     raise CompileStopped(STOPPED, backend=impl.name)
-                raise CompileError(self._failure_text(impl.name, reply, worker), backend=impl.name)
+                message = self._failure_text(impl.name, reply, worker)
+                if reply[0] == "oom":
+                    raise CompileOutOfMemory(message, backend=impl.name, limit_mb=self.memory_limit_mb)
+                raise CompileError(message, backend=impl.name)
             self._release(worker)
             done = True
             if reply[0] == "refused":
@@ -447,13 +471,24 @@ class CompileSandbox:
             raise
         return worker
 
+    def _backing_off(self) -> bool:
+        """True shortly after a spawn failed (call with the lock held): no new spawn yet."""
+        return self._spawn_error is not None and time.monotonic() - self._spawn_failed_at < RESPAWN_BACKOFF_S
+
     def _acquire(self) -> _Worker | None:
         """An idle worker, preferring one that has finished booting (a replacement may still be
-        building its tables while another worker is ready); None once closed for good."""
+        building its tables while another worker is ready); None once closed for good. Raises
+        SandboxUnavailable when no worker exists and none could be spawned, or none came free in
+        `start_timeout_s`: a compile is never left waiting on a pool that cannot fill."""
+        deadline = time.monotonic() + self.start_timeout_s
         with self._freed:
             while not self._idle:
                 if self._closed:
                     return None
+                if self._spawn_error is not None and not self._workers and not self._booting:
+                    raise SandboxUnavailable(f"no compile worker could be started: {self._spawn_error}")
+                if time.monotonic() > deadline:
+                    raise SandboxUnavailable(f"no compile worker came free within {self.start_timeout_s:g} s")
                 if not self._freed.wait(timeout=1.0) and not self._workers and not self._booting:
                     self._freed.release()  # after close() the pool refills on demand
                     try:
@@ -484,12 +519,17 @@ class CompileSandbox:
                 blob, index, generation = self._blob, self._started, self._generation
                 self._started += 1
             worker = _Worker(blob, self.names, self.memory_limit_mb, index)
-        except BaseException:
-            with self._lock:
+        except Exception as exc:  # e.g. out of memory or process slots: say so, and let waiters know
+            log.error("could not start a compile worker: %s: %s", type(exc).__name__, exc)
+            with self._freed:
                 self._booting -= 1
-            raise
+                self._spawn_error = f"{type(exc).__name__}: {exc}"
+                self._spawn_failed_at = time.monotonic()
+                self._freed.notify_all()
+            return
         with self._freed:
             self._booting -= 1
+            self._spawn_error = None
             stale = generation != self._generation
             if not stale:
                 self._workers.append(worker)

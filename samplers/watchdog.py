@@ -5,9 +5,13 @@ Each trip has a distinct kind; the engine ends the request with that kind as its
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
+import torch
 
 
 class Trip(StrEnum):
@@ -29,25 +33,41 @@ class WatchdogLimits:
 
 
 class StallDetector:
-    """Watches one sequence's output tokens for loops that would otherwise burn the whole budget."""
+    """Watches one sequence's output for loops that would otherwise burn the whole budget.
+
+    Only tokens the model *chose* can make a loop: a token the grammar dictated (a jump-forward token, or a
+    sampled token that every alternative the mask allowed agreed with) is the grammar's doing, and a valid
+    answer may be long and repetitive (30 items of a one-value enum, 32 nested objects, a long `const`).
+    So dictated tokens never count toward a run or a cycle; a dictated non-whitespace token does end a
+    whitespace run (the answer moved on)."""
 
     def __init__(self, limits: WatchdogLimits, is_whitespace: Callable[[int], bool]) -> None:
         self.limits = limits
         self._is_whitespace = is_whitespace
         self.whitespace_run = 0
+        self._chosen: deque[int] = deque(maxlen=limits.repeat_window + limits.max_cycle)
 
-    def observe(self, tokens: list[int], history: list[int]) -> bool:
-        """Feed the tokens just appended (`history` already ends with them). True means stalled."""
-        for token in tokens:
-            self.whitespace_run = self.whitespace_run + 1 if self._is_whitespace(token) else 0
+    def observe(self, tokens: Sequence[int], chosen: Sequence[bool]) -> bool:
+        """Feed the tokens just appended, each flagged chosen (by the model) or not (dictated by the
+        grammar). True means stalled."""
+        fresh = False
+        for token, free in zip(tokens, chosen, strict=True):
+            whitespace = self._is_whitespace(token)
+            if free:
+                self.whitespace_run = self.whitespace_run + 1 if whitespace else 0
+                self._chosen.append(token)
+                fresh = True
+            elif not whitespace:
+                self.whitespace_run = 0
         if self.limits.whitespace_run and self.whitespace_run >= self.limits.whitespace_run:
             return True
-        return self._repeating(history)
+        return fresh and self._repeating()
 
-    def _repeating(self, history: list[int]) -> bool:
+    def _repeating(self) -> bool:
         window = self.limits.repeat_window
         if not window:
             return False
+        history = list(self._chosen)
         for period in range(1, self.limits.max_cycle + 1):
             if len(history) < window + period:
                 break
@@ -56,7 +76,51 @@ class StallDetector:
         return False
 
     def reset(self) -> None:
+        """Forget everything (a revision took tokens back)."""
         self.whitespace_run = 0
+        self._chosen.clear()
+
+
+def dictated(token: int, allowed: Sequence[int] | None, text: Callable[[int], str]) -> bool:
+    """Whether sampling `token` was no choice: `allowed` (the tokens the mask allowed, when few; None when
+    many) all spell the same text as far as they go, so whichever the model took, the answer reads the same.
+    E.g. `"`, `"em` and `"empty"` where the grammar admits only `"empty"`. Undecodable pieces (part of a
+    multi-byte character) compare as unknown, so they count as choices."""
+    if not allowed or token not in allowed:
+        return False
+    mine = text(token)
+    if not mine or "\ufffd" in mine:
+        return False
+    for other in allowed:
+        theirs = text(other)
+        if not theirs or "\ufffd" in theirs or not (mine.startswith(theirs) or theirs.startswith(mine)):
+            return False
+    return True
+
+
+def few_allowed(bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, limit: int = 16) -> dict[int, list[int]]:
+    """The allowed token ids of each of `rows` whose mask allows at most `limit` tokens (the rest are left
+    out: a wide mask is a choice). One vectorised count finds the candidate rows; only those are unpacked."""
+    if not rows:
+        return {}
+    masks = bitmask.numpy()  # the CPU int32 bitmask, viewed (no copy)
+    counts = np.count_nonzero(masks[: max(rows) + 1], axis=1)
+    found: dict[int, list[int]] = {}
+    for row in rows:
+        if counts[row] > limit:
+            continue
+        tokens: list[int] = []
+        for word in np.flatnonzero(masks[row]).tolist():
+            bits = int(masks[row, word]) & 0xFFFFFFFF
+            while bits and len(tokens) <= limit:
+                low = bits & -bits
+                token = word * 32 + low.bit_length() - 1
+                if token < vocab_size:
+                    tokens.append(token)
+                bits ^= low
+        if len(tokens) <= limit:
+            found[row] = tokens
+    return found
 
 
 class MaskBudget:

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
-from server.errors import ApiError
+from server.errors import ApiError, guard_stream, install_error_handlers
 from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
+from server.openai.grammars_api import grammar_routes
+from server.openai.request_limits import add_inner_middleware, add_outer_middleware
 from server.openai.tools import ToolCallStream
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
 from server.serving import Finished, Prepared, Service
@@ -28,7 +30,11 @@ log = logging.getLogger(__name__)
 HUNG = str(Trip.HUNG_STEP)
 
 
+RECURSION_LIMIT = 20_000  # jsonschema recurses a few frames per schema level: room for --max-schema-depth
+
+
 def create_app(service: Service) -> FastAPI:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not service.ready:
@@ -38,27 +44,14 @@ def create_app(service: Service) -> FastAPI:
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan)
     app.state.service = service
+    # Middleware, innermost first (docs/reliability.md): 500s, body limits, API keys, CORS, request ids.
+    add_inner_middleware(app, service.settings, service.metrics)
     if service.settings.api_keys():
         app.add_middleware(
             ApiKeyMiddleware, keys=service.settings.api_keys(), protect_metrics=service.settings.metrics_require_key
         )
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, type_=exc.type, param=exc.param, code=exc.code), exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return JSONResponse(error_body(message, param=param), 400)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", type_="server_error"), 500)
+    add_outer_middleware(app, service.settings)
+    install_error_handlers(app, service.metrics.limit_refusals)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -91,14 +84,18 @@ def create_app(service: Service) -> FastAPI:
             ],
         }
 
+    app.include_router(grammar_routes(service))  # /v1/capabilities, /v1/grammars
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
-        prepared = await service.prepare(req, service.chat_prompt(req), prompt_param="messages")
+        prompt = await service.off_loop(service.chat_prompt, req)  # rendering + tokenizing grow with the request
+        prepared = await service.prepare(req, prompt, prompt_param="messages")
         return await _respond(service, req, prepared, chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> JSONResponse | EventSourceResponse:
-        prepared = await service.prepare(req, service.completion_prompt(req), prompt_param="prompt")
+        prompt = await service.off_loop(service.completion_prompt, req)
+        prepared = await service.prepare(req, prompt, prompt_param="prompt")
         return await _respond(service, req, prepared, chat=False)
 
     return app
@@ -112,7 +109,14 @@ async def _respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
-        return EventSourceResponse(_stream(service, req, choices, response_id, created, chat), ping=15)
+        service.check_capacity()  # a 429 must come before the stream's 200 headers
+        events = _stream(service, req, choices, response_id, created, chat)
+        # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
+        return EventSourceResponse(
+            guard_stream(events, service.metrics.internal_errors),
+            ping=15,
+            shutdown_grace_period=service.settings.shutdown_timeout_s,
+        )
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)
     if hung is not None:
@@ -151,7 +155,7 @@ def _final_body(service: Service, done: list[Finished], rid: str, created: int, 
 
 async def _stream(
     service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +185,7 @@ async def _stream(
                     piece = chunk_choice(index, out.delta, None, chat=chat, finish_mode=mode, logprobs=logprobs)
                     yield json.dumps(chunk(piece))
                 continue
-            done = service.finish(prepared, out)
+            done = await service.off_loop(service.finish, prepared, out)
             if done.finish_reason == HUNG:
                 error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
                 yield json.dumps(error)

@@ -11,6 +11,8 @@ from typing import Literal, get_args, get_origin
 
 from server.settings import Settings
 
+REPEATABLE = {"api_key": "KEY", "cors_allow_origin": "ORIGIN"}  # flag name -> metavar
+
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -31,8 +33,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
         elif name == "model_impl":
             p.add_argument(flag, dest=name, choices=["auto", "corral", "transformers"], default=None, help=help_text)
-        elif name == "api_key":
-            p.add_argument(flag, dest=name, action="append", default=None, metavar="KEY", help=help_text)
+        elif name in REPEATABLE:
+            p.add_argument(flag, dest=name, action="append", default=None, metavar=REPEATABLE[name], help=help_text)
         elif get_origin(info.annotation) is Literal:
             p.add_argument(flag, dest=name, choices=list(get_args(info.annotation)), default=None, help=help_text)
         else:
@@ -41,14 +43,18 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
-    if "api_key" in overrides:  # repeated flags: one comma-separated setting, like CORRAL_API_KEY
-        overrides["api_key"] = ",".join(overrides["api_key"])
+    for name in REPEATABLE:  # repeated flags: one comma-separated setting, like CORRAL_API_KEY
+        if name in overrides:
+            overrides[name] = ",".join(overrides[name])
     return Settings(**overrides)
 
 
 def serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.request_context import LOG_FORMAT, install_log_record_factory, uvicorn_log_config
+
+    install_log_record_factory()
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     # Heavy imports after argument parsing, so `corral --help` is instant.
     import uvicorn
 
@@ -77,6 +83,7 @@ def serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
     return 0

@@ -52,8 +52,21 @@ class Metrics:
         self.failures = Counter(
             "corral_failures_total", "Requests that ended without a valid answer, by class", ["failure"], registry=r
         )
+        self.mode_outcomes = Counter(
+            "corral_mode_outcomes_total",
+            "Finished requests by mediation mode (read off the constraint: docs/mediation.md) and outcome: the "
+            "finish reason, or the failure class when the answer broke its contract",
+            ["mode", "outcome"],
+            registry=r,
+        )
         self.rejected = Counter(
             "corral_rejected_requests_total", "Requests refused before generation", ["status"], registry=r
+        )
+        self.internal_errors = Counter(
+            "corral_internal_errors_total", "Unexpected exceptions answered with a 500", registry=r
+        )
+        self.limit_refusals = Counter(
+            "corral_limit_refusals_total", "Requests refused by a request limit", ["limit"], registry=r
         )
         self.trips = Counter(
             "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from server.errors import error_body as error_body  # the error shape lives in server/errors.py
 from server.openai.fields import Endpoint, screen
 
 
@@ -19,7 +20,7 @@ class _Request(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI's range (int64); torch takes it all
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=16)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -109,9 +110,3 @@ LEGACY_FIELDS = (
     "guided_grammar",
     "guided_decoding_backend",
 )
-
-
-def error_body(
-    message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

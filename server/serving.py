@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import itertools
 import logging
 import os
@@ -12,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -31,6 +33,8 @@ from server.models import LoadedModel
 from server.openai.chat_render import MessageError, prompt_ids
 from server.openai.fields import max_tokens_for
 from server.openai.logprobs import requested_logprobs
+from server.openai.modes import request_mode
+from server.openai.request_limits import input_limits
 from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
 from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from server.settings import Settings
@@ -38,6 +42,13 @@ from server.settings import Settings
 log = logging.getLogger(__name__)
 
 INVALID_OUTPUT = "invalid_output"
+# Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
+# schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
+# threads, and one huge request leaves the others free.
+PREPARE_THREADS = 4
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,6 +82,7 @@ class Service:
             # oversubscription (measured on 2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1).
             torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         self.model_name = settings.served_model_name or loaded.name
+        self.limits = input_limits(settings)  # request limits on constraints (grammars/limits.py)
         self.tool_format = detect_format(settings.tool_call_format, loaded.tokenizer)
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
@@ -101,6 +113,9 @@ class Service:
         )
         self.loop = EngineLoop(self.engine)
         self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
+        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="corral-prepare")
+        # How long a request may wait for a compile thread to take its compile (see `_compile`).
+        self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
         self._ids = itertools.count()
         self.in_flight = 0
         self.ready = False
@@ -126,7 +141,16 @@ class Service:
         self._stopping.set()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self.grammars.close(final=True)
+
+    async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `fn` on the prepare threads: nothing whose cost grows with a request runs on the event loop,
+        where it would hold up every other request (a 2 MB message tokenizes for seconds)."""
+        call = functools.partial(fn, *args, **kwargs)
+        # In the request's context, so log lines written there carry its request id.
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, context.run, call)
 
     def _watch_steps(self) -> None:
         """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
@@ -140,7 +164,8 @@ class Service:
             log.error("engine step has run for more than %.1f s: failing in-flight requests", deadline)
             self.healthy = False
             self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc()
-            self.engine.fail_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
+            # This thread must not touch the scheduler the stuck step may still use: answer, don't finish.
+            self.engine.abandon_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
             if self.settings.exit_on_hung_step:
                 time.sleep(1.0)  # let the error responses reach their clients
                 log.error("exiting with status 70 so a supervisor restarts the server")
@@ -151,10 +176,10 @@ class Service:
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # Messages, tools, tool calls and tool results as the chat template (or corral's default) renders them.
         try:
-            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
             return prompt_ids(self.loaded.tokenizer, req.messages, tools, self.tool_format)
         except (InvalidConstraint, MessageError) as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=exc.param, code=getattr(exc, "code", None)) from exc
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         try:
@@ -185,21 +210,27 @@ class Service:
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        try:
-            constraint = parse_constraint(req.response_format, req.structured_outputs, req.legacy_constraint())
-            if isinstance(req, ChatCompletionRequest):
-                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-                constraint = tool_constraint(tools, constraint, self.tool_format)
-            self.backends.check_name(constraint.backend)
-        except InvalidConstraint as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
-        except UnknownBackend as exc:
-            raise bad_request(str(exc), param=constraint.backend_source) from exc
-        params = self._sampling_params(req, len(prompt_ids))
+        constraint, params = await self.off_loop(self._admission, req, len(prompt_ids))
         compiled = await self._compile(constraint) if constraint.spec is not None else None
         return Prepared(
             f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
         )
+
+    def _admission(self, req: _Request, prompt_len: int) -> tuple[ConstraintRequest, SamplingParams]:
+        """The request's constraint (schema checks, tools) and sampling parameters; runs off the event loop."""
+        try:
+            constraint = parse_constraint(
+                req.response_format, req.structured_outputs, req.legacy_constraint(), limits=self.limits
+            )
+            if isinstance(req, ChatCompletionRequest):
+                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
+                constraint = tool_constraint(tools, constraint, self.tool_format)
+            self.backends.check_name(constraint.backend)
+        except InvalidConstraint as exc:
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
+        except UnknownBackend as exc:
+            raise bad_request(str(exc), param=constraint.backend_source) from exc
+        return constraint, self._sampling_params(req, prompt_len)
 
     def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
         room = self.engine.max_len - prompt_len
@@ -240,13 +271,26 @@ class Service:
     async def _compile_in_pool(
         self, work: Callable[[], CompileResult], started: asyncio.Event, deadline: float
     ) -> CompileResult:
-        future = asyncio.get_running_loop().run_in_executor(self._compile_pool, work)
+        loop = asyncio.get_running_loop()
+        # In the request's context, so the compile's log lines carry its request id (server/request_context.py).
+        future = loop.run_in_executor(self._compile_pool, contextvars.copy_context().run, work)
         # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
         # does not report it as never retrieved; the result is cached by GrammarCache anyway.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            # Every compile ahead in the queue ends within its own deadline, so a wait this long means the
+            # compile threads are stuck or flooded: answer now rather than hold the request forever.
+            await asyncio.wait_for(started.wait(), timeout=self.compile_queue_wait_s)
+        except TimeoutError as exc:
+            future.cancel()  # not started: it never will
+            raise ApiError(
+                503,
+                f"no compile thread came free within {self.compile_queue_wait_s:g} s; retry shortly",
+                type_="service_unavailable",
+                code="compile_queue_full",
+            ) from exc
         # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
         # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
-        await started.wait()
         return await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
 
     async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
@@ -275,6 +319,8 @@ class Service:
             if exc.timed_out:
                 self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
                 code = "grammar_compile_timeout"
+            elif exc.out_of_memory:
+                code = "compile_out_of_memory"
             else:
                 code = "unsupported_schema" if exc.unsupported else "invalid_grammar"
             raise bad_request(str(exc), param=constraint.source, code=code) from exc
@@ -284,8 +330,9 @@ class Service:
         return result
 
     # -- running -----------------------------------------------------------------------------------
-    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
-        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+    def check_capacity(self) -> None:
+        """429 when the server holds its limit of requests. A streamed request asks before its 200 headers
+        go out, so a client sees a real 429 rather than an error inside a stream that began well."""
         if self.in_flight >= self.settings.max_queue:
             self.metrics.rejected.labels("429").inc()
             raise ApiError(
@@ -294,11 +341,16 @@ class Service:
                 type_="rate_limit_error",
                 code="queue_full",
             )
+
+    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
+        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+        self.check_capacity()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
 
         def sink(out: SeqOutput) -> None:  # engine thread → event loop
-            loop.call_soon_threadsafe(outputs.put_nowait, out)
+            if not loop.is_closed():  # a final answer given as the server stops may find no loop to take it
+                loop.call_soon_threadsafe(outputs.put_nowait, out)
 
         compiled = prepared.compiled
         backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
@@ -346,7 +398,7 @@ class Service:
     async def _run_once(self, prepared: Prepared) -> Finished:
         async for out in self.stream(prepared, deltas=False):
             if out.finished:
-                return self.finish(prepared, out)
+                return await self.off_loop(self.finish, prepared, out)  # validates the whole answer
         raise RuntimeError("engine stream ended without a final output")
 
     async def _fallback(self, prepared: Prepared) -> Prepared | None:
@@ -379,8 +431,11 @@ class Service:
     def _observe(self, done: Finished) -> None:
         m, stats, seq = self.metrics, done.seq.stats, done.seq
         m.requests.labels(done.finish_reason).inc()
-        if done.check is not None and not done.check.valid:
+        failed = done.check is not None and not done.check.valid
+        if failed:
             m.failures.labels(_failure_class(seq)).inc()
+        outcome = _failure_class(seq) if failed else done.finish_reason
+        m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
         if stats.first_token is not None:
             m.ttft.observe(stats.first_token - stats.arrival)
         if stats.scheduled is not None:

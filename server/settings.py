@@ -69,10 +69,28 @@ class Settings(BaseSettings):
     )
     metrics_require_key: bool = Field(False, description="require an API key on /metrics too")
     backends: str = Field("xgrammar,llguidance", description="enabled grammar backends, comma-separated")
+    # Request limits (docs/reliability.md), each checked before the work it bounds.
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1, description="request body size; larger is a 413, refused while it is read"
+    )
+    max_json_depth: int = Field(160, ge=8, description="nesting depth of a request body (JSON); deeper is a 400")
+    max_schema_depth: int = Field(128, ge=2, description="nesting depth of one JSON Schema document")
+    max_schema_nodes: int = Field(100_000, ge=1, description="JSON values in one JSON Schema document")
+    max_schema_refs: int = Field(5_000, ge=0, description="$ref keywords in one JSON Schema document")
+    max_regex_length: int = Field(10_000, ge=1, description="characters of a regex constraint")
+    max_grammar_length: int = Field(100_000, ge=1, description="characters of an EBNF/GBNF or Lark grammar")
+    max_choices: int = Field(10_000, ge=1, description="options of one choice constraint")
+    max_tools: int = Field(128, ge=1, description="functions in a request's tools")
+    cors_allow_origin: str | None = Field(
+        None, description="allow browser requests from this origin (CORS; off by default); repeat the flag"
+    )
     log_level: str = "info"
 
     def api_keys(self) -> frozenset[str]:
         return frozenset(k.strip() for k in (self.api_key or "").split(",") if k.strip())
+
+    def cors_origins(self) -> list[str]:
+        return [o.strip() for o in (self.cors_allow_origin or "").split(",") if o.strip()]
 
     def backend_list(self) -> list[str]:
         return [b.strip() for b in self.backends.split(",") if b.strip()]

@@ -34,6 +34,10 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--requests-per-level", type=int, default=None, metavar="N",
                    help="requests per (mode, concurrency) run (default: the number of schemas)")
     p.add_argument("--backend", default="auto", help="structured_outputs.backend (default auto)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="temperature of every timed request, corral's and the peer's (default 0, greedy; "
+                   "OpenAI's own default is 1). The baseline stays greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="top_p of every timed request (default 1, off)")
     p.add_argument("--out", type=Path, default=Path("bench-out/serve"), metavar="DIR",
                    help="results folder (default bench-out/serve)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -110,7 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
             concurrency=parse_levels(args.concurrency), max_tokens=args.max_tokens,
             requests_per_level=args.requests_per_level, backend=args.backend, baseline=args.baseline,
             peer_url=args.peer_url, peer_model=args.peer_model, peer_constraint=args.peer_constraint,
-            peer_api_key=args.peer_api_key)
+            peer_api_key=args.peer_api_key, temperature=args.temperature, top_p=args.top_p)
     except ValueError as exc:
         console.print(f"[red]corral bench serve: {exc}[/red]")
         return 2

@@ -22,12 +22,15 @@ TEXT_KEPT = 300  # characters of each answer kept in results.json, for reading f
 @dataclass(frozen=True)
 class Endpoint:
     """A server the benchmark drives and how a request is spelled for it: corral gets
-    `structured_outputs` with a backend; a peer gets its served model name and its own constraint field."""
+    `structured_outputs` with a backend; a peer gets its served model name and its own constraint field.
+    Both get the run's sampling (greedy by default)."""
 
     name: str = "corral"
     backend: str | None = "auto"
     constraint: str = "structured_outputs"
     model: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
 
 
 CORRAL = Endpoint()
@@ -68,7 +71,8 @@ async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concur
                endpoint: Endpoint = CORRAL) -> RequestResult:
     constrained = mode == "constrained"
     body = request_body(case, constrained=constrained, max_tokens=max_tokens, backend=endpoint.backend,
-                        constraint=endpoint.constraint, model=endpoint.model)
+                        constraint=endpoint.constraint, model=endpoint.model, temperature=endpoint.temperature,
+                        top_p=endpoint.top_p)
     reply = await post_chat(client, body)
     if reply.payload is None:
         return RequestResult(mode, concurrency, case.case_id, reply.status, http_status=reply.http_status,

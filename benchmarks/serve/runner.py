@@ -47,6 +47,8 @@ class ServeBenchConfig:
     peer_model: str | None = None  # default: the first id its /v1/models lists
     peer_constraint: str = "structured_outputs"
     peer_api_key: str | None = None
+    temperature: float = 0.0  # every timed request of corral and the peer; the baseline stays greedy
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.peer_constraint not in CONSTRAINT_FIELDS:
@@ -56,6 +58,8 @@ class ServeBenchConfig:
             raise ValueError(f"--concurrency needs positive levels, got {self.concurrency}")
         if self.max_tokens < 2:
             raise ValueError("--max-tokens must be at least 2 (TPOT needs two tokens)")
+        if not 0.0 <= self.temperature <= 2.0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError("--temperature must lie in [0, 2] and --top-p in (0, 1]")
         if self.requests_per_level is not None and self.requests_per_level < 1:
             raise ValueError("--requests-per-level must be positive")
 
@@ -114,7 +118,7 @@ async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, p
 
 
 def corral_endpoint(config: ServeBenchConfig) -> Endpoint:
-    return Endpoint("corral", backend=config.backend)
+    return Endpoint("corral", backend=config.backend, temperature=config.temperature, top_p=config.top_p)
 
 
 async def warm_peer(client: httpx.AsyncClient, cases: list[SchemaCase], config: ServeBenchConfig,
@@ -160,7 +164,8 @@ async def drive(config: ServeBenchConfig, base_url: str, progress: Progress, pee
         driven = Driven(selection, [], [])
         peer_client: httpx.AsyncClient | None = None
         if config.peer_url:
-            endpoint = Endpoint("peer", backend=None, constraint=config.peer_constraint, model=peer_model)
+            endpoint = Endpoint("peer", backend=None, constraint=config.peer_constraint, model=peer_model,
+                                temperature=config.temperature, top_p=config.top_p)
             peer_client = await stack.enter_async_context(make_client(
                 config.peer_url, config.request_timeout_s, max(config.concurrency), config.peer_api_key))
             driven.peer = await warm_peer(peer_client, cases, config, endpoint, progress)

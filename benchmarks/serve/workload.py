@@ -63,13 +63,16 @@ def constraint_fields(schema: Any, field: str, backend: str | None) -> dict[str,
 
 
 def request_body(case: SchemaCase, *, constrained: bool, max_tokens: int, backend: str | None,
-                 constraint: str = "structured_outputs", model: str | None = None, seed: int = 0) -> dict[str, Any]:
+                 constraint: str = "structured_outputs", model: str | None = None, seed: int = 0,
+                 temperature: float = 0.0, top_p: float = 1.0) -> dict[str, Any]:
     """Same prompt and max_tokens either way; unconstrained ignores EOS so it generates exactly max_tokens
     (the default model ends an unconstrained turn at once). A peer gets the same body with its `model` name
     and its own constraint field."""
     body: dict[str, Any] = {
-        "messages": messages(case), "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
+        "messages": messages(case), "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
     }
+    if top_p < 1.0:
+        body["top_p"] = top_p
     if model is not None:
         body["model"] = model
     if constrained:

@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
-from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits
+from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated, few_allowed
 from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
@@ -53,6 +54,7 @@ class Engine:
         self.stop_ids = frozenset(loaded.stop_token_ids)
         self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
+        self._vocab = loaded.vocab_size
         self._bitmask = allocate_bitmask(config.max_batch, loaded.vocab_size)
         self._probe = allocate_bitmask(1, loaded.vocab_size)  # revisions ask the grammar on this row
         # Masks are filled on this worker while the forward runs on the engine thread; both the
@@ -60,7 +62,14 @@ class Engine:
         self._mask_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
         self._ban_stop = torch.tensor(sorted(self.stop_ids), device=loaded.device)
         self._whitespace: dict[int, bool] = {}
+        self._texts: dict[int, str] = {}
+        # Per step: the tokens a row's mask allowed when they were few (the stall check asks whether the
+        # sampled token was the model's choice or the grammar's).
+        self._narrow: dict[Sequence, list[int]] = {}
         self.on_trip: Callable[[str], None] = lambda kind: None
+        # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
+        # (another thread) may both end the same sequence; the first one answers.
+        self._answer_lock = threading.Lock()
 
     # -- API used from other threads ---------------------------------------------------------------
     def add_request(self, seq: Sequence) -> None:
@@ -76,6 +85,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> None:
         self._drain_inbox()
+        self._reap_answered()
         batch = self.scheduler.schedule()
         if not batch:
             return
@@ -106,7 +116,12 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "add" and isinstance(item, Sequence):
-                self._admit(item)
+                try:
+                    self._admit(item)
+                except Exception as exc:  # this request's fault (e.g. its seed); the batch goes on
+                    log.exception("admitting request %s failed", item.request_id)
+                    item.error = f"the request could not start: {type(exc).__name__}: {exc}"
+                    self._finish(item, "error")
             elif kind == "abort" and isinstance(item, str):
                 seq = self.scheduler.find(item)
                 if seq is not None:
@@ -123,7 +138,12 @@ class Engine:
         self.scheduler.add(seq)
 
     # -- masks ---------------------------------------------------------------------------------------
-    def _start_masks(self, batch: list[Sequence]) -> Future[dict[int, float]] | None:
+    def _reap_answered(self) -> None:
+        """Drop sequences the hung-step watchdog already answered (it never touches the scheduler itself)."""
+        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.answered]:
+            self.scheduler.finish(seq)
+
+    def _start_masks(self, batch: list[Sequence]) -> Future[MaskFill] | None:
         groups: dict[int, tuple[SamplerBackend, list[Matcher], list[int]]] = {}
         for row, seq in enumerate(batch):
             if seq.matcher is not None and seq.backend is not None:
@@ -134,28 +154,45 @@ class Engine:
             return None
         return self._mask_pool.submit(self._fill_masks, list(groups.values()))
 
-    def _fill_masks(self, groups: list[tuple[SamplerBackend, list[Matcher], list[int]]]) -> dict[int, float]:
-        """Fill each backend's rows in one batched call; returns µs per row (the group's time / rows)."""
+    def _fill_masks(self, groups: list[tuple[SamplerBackend, list[Matcher], list[int]]]) -> MaskFill:
+        """Fill each backend's rows in one batched call; returns µs per row (the group's time / rows).
+        A batched call that raises is retried row by row, so only the rows that fail on their own fail."""
         per_row: dict[int, float] = {}
+        failed: dict[int, str] = {}
         for backend, matchers, rows in groups:
             t0 = time.perf_counter()
-            backend.fill_bitmasks(matchers, self._bitmask, rows)
+            try:
+                backend.fill_bitmasks(matchers, self._bitmask, rows)
+            except Exception:
+                log.exception("%s failed to fill a batch of %d masks; filling them one by one", backend.name, len(rows))
+                for matcher, row in zip(matchers, rows, strict=True):
+                    try:
+                        matcher.fill_bitmask(self._bitmask, row)
+                    except Exception as exc:
+                        failed[row] = f"the {backend.name} grammar engine failed: {type(exc).__name__}: {exc}"
             each = (time.perf_counter() - t0) * 1e6 / len(rows)
-            per_row.update(dict.fromkeys(rows, each))
-        return per_row
+            per_row.update({row: each for row in rows if row not in failed})
+        return MaskFill(per_row, failed)
 
     def _apply_masks(
-        self, logits: torch.Tensor, batch: list[Sequence], masks: Future[dict[int, float]] | None
+        self, logits: torch.Tensor, batch: list[Sequence], masks: Future[MaskFill] | None
     ) -> list[int]:
         """Mask every row; returns the rows that go on to sampling (watchdog trips and dead ends don't)."""
         live = list(range(len(batch)))
+        self._narrow = {}
         free_rows = [i for i, s in enumerate(batch) if s.matcher is None and s.params.ignore_eos]
         if free_rows:
             logits[torch.tensor(free_rows)[:, None], self._ban_stop[None, :]] = float("-inf")
         if masks is not None:
-            per_row = masks.result()
+            per_row, failed = masks.result()
             rows = sorted(per_row)
-            dead = set()
+            dead = set(failed)
+            for row, message in failed.items():
+                batch[row].error = message
+                self._finish(batch[row], "error")
+            watched = [row for row in rows if batch[row].stall is not None]
+            narrow = few_allowed(self._bitmask, watched, self._vocab)
+            self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
             for row in rows:
                 seq = batch[row]
                 seq.stats.mask_us.append(per_row[row])
@@ -212,7 +249,10 @@ class Engine:
         seq.stats.sampled_tokens += 1
         seq.pending = appended
         seq.revision.record(len(appended))
-        if seq.stall is not None and seq.stall.observe(appended, seq.output_ids):
+        # Only the model's own choices can make a loop: jump-forward tokens, and a sampled token every
+        # allowed alternative agreed with, were the grammar's.
+        chosen = [not dictated(token, self._narrow.get(seq), self._token_text), *([False] * (len(appended) - 1))]
+        if seq.stall is not None and seq.stall.observe(appended, chosen):
             self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
             return
         # Decoding every step is only needed to stream deltas or to look for stop strings.
@@ -268,8 +308,14 @@ class Engine:
     def _is_whitespace(self, token: int) -> bool:
         cached = self._whitespace.get(token)
         if cached is None:
-            text = self.tokenizer.decode([token])
+            text = self._token_text(token)
             cached = self._whitespace[token] = bool(text) and not text.strip()
+        return cached
+
+    def _token_text(self, token: int) -> str:
+        cached = self._texts.get(token)
+        if cached is None:
+            cached = self._texts[token] = str(self.tokenizer.decode([token]))
         return cached
 
     def _emit_text(self, seq: Sequence) -> bool:
@@ -313,13 +359,17 @@ class Engine:
         if seq.is_finished:
             return
         self.scheduler.finish(seq)
-        seq.finish_reason = reason
-        seq.stats.finished = time.perf_counter()
-        if reason != "abort" and not seq.text_cut:
-            seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        delta = seq.text[seq.emitted :] if reason != "abort" else ""
-        seq.emitted = len(seq.text)
-        seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq, self._logprobs_out(seq, final=True)))
+        with self._answer_lock:
+            if seq.answered:
+                return  # the hung-step watchdog answered it while this step ran
+            seq.answered = True
+            seq.finish_reason = reason
+            seq.stats.finished = time.perf_counter()
+            if reason != "abort" and not seq.text_cut:
+                seq.text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+            delta = seq.text[seq.emitted :] if reason != "abort" else ""
+            seq.emitted = len(seq.text)
+            seq.sink(SeqOutput(seq.request_id, delta, True, reason, seq, self._logprobs_out(seq, final=True)))
 
     def _logprobs_out(self, seq: Sequence, *, final: bool) -> list[TokenLogprob]:
         """The entries not yet sent whose tokens' text is now out in full, and that no revision can take back.
@@ -341,13 +391,58 @@ class Engine:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def fail_all(self, message: str, reason: str = "error") -> None:
-        """End every live sequence with an error (the loop hit an exception, or a step hung)."""
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+        """End every live sequence with an error (the loop hit an exception, or it stopped). Engine thread only
+        (or once that thread has ended)."""
+        for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._take_inbox()]:
             seq.error = message
             self._finish(seq, reason)
 
+    def abandon_all(self, message: str, reason: str) -> None:
+        """From another thread while the engine thread is stuck in a step: give every live sequence its final
+        answer now, touching no scheduler or cache state (the stuck step may still use them). If the step
+        ever returns, the engine drops these sequences (`_reap_answered`) and answers them no second time."""
+        for seq in [*_snapshot(lambda: [*self.scheduler.running, *self.scheduler.waiting]), *self._take_inbox()]:
+            if not self._answer_lock.acquire(timeout=5):
+                log.error("the engine holds its answer lock; %s gets no final answer", seq.request_id)
+                continue
+            try:
+                if seq.answered:
+                    continue
+                seq.answered = True
+                seq.error, seq.finish_reason = message, reason
+                seq.stats.finished = time.perf_counter()
+                seq.sink(SeqOutput(seq.request_id, "", True, reason, seq))
+            finally:
+                self._answer_lock.release()
+
+    def _take_inbox(self) -> list[Sequence]:
+        """Sequences submitted but never admitted (their aborts are moot once they are answered)."""
+        taken: list[Sequence] = []
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return taken
+            if kind == "add" and isinstance(item, Sequence):
+                taken.append(item)
+
     def shutdown(self) -> None:
         self._mask_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class MaskFill(NamedTuple):
+    per_row_us: dict[int, float]  # rows filled, each with its share of the fill time
+    failed: dict[int, str]  # rows whose grammar engine raised, with the message their request ends with
+
+
+def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:
+    """Copy collections another thread may be changing (a deque raises if mutated while copied)."""
+    for _ in range(100):
+        try:
+            return read()
+        except RuntimeError:
+            time.sleep(0.001)
+    return []
 
 
 def _set_bit(bitmask: torch.Tensor, row: int, token: int, on: bool = True) -> None:
@@ -371,9 +466,16 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop; every request still in flight gets a final answer (an error), never silence."""
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        message = "the server stopped before this request finished"
+        if self._thread.is_alive():  # stuck in a step: answer without touching its state
+            self.engine.abandon_all(message, "error")
+        else:
+            self.engine.fail_all(message)
         self.engine.shutdown()
 
     def submit(self, seq: Sequence) -> None:

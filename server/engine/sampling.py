@@ -3,8 +3,9 @@
 Order of operations for one row of masked logits (the grammar mask and the engine's bans are already -inf):
 `logit_bias` → penalties (repetition, then frequency and presence) → greedy: argmax; sampled: temperature →
 `min_p` → `top_k` → `top_p` → draw. A bias or penalty never revives a masked token (-inf stays -inf), and each
-filter always keeps the most likely token. Rows share tensor operations; only seeded draws run one row at a time
-(each has its own generator).
+filter always keeps the most likely token. Rows share tensor operations; each row draws with one uniform
+number (from its own generator when seeded).
+The whole-vocabulary work is in server/engine/vocab_ops.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from server.engine.logprobs import TokenLogprob
+from server.engine.vocab_ops import draw, filter_logits, row_argmax
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def sample_rows(
     tokens = [0] * len(params)
     greedy = [row for row, p in enumerate(params) if p.greedy]
     if greedy:
-        picked = torch.argmax(logits if len(greedy) == len(params) else logits[greedy], dim=-1).tolist()
+        picked = row_argmax(logits if len(greedy) == len(params) else logits[greedy]).tolist()
         for row, token in zip(greedy, picked, strict=True):
             tokens[row] = int(token)
     sampled = [row for row, p in enumerate(params) if not p.greedy]
@@ -142,49 +144,34 @@ def _apply_penalties(
     logits[rows] = sub
 
 
-def _filter(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """min_p, then top_k, then top_p on temperature-scaled logits [R, V]; dropped tokens become -inf.
-    The most likely token always survives."""
-    ordered, order = torch.sort(x, dim=-1, descending=True)
-    probs = torch.softmax(ordered, dim=-1)
-    drop = probs < _column([p.min_p for p in params], probs) * probs[:, :1]
-    ranks = torch.arange(x.shape[1], device=x.device)[None, :]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else x.shape[1] for p in params], device=x.device)[:, None]
-    drop |= ranks >= top_k
-    if any(p.top_p < 1.0 for p in params):
-        kept = torch.softmax(ordered.masked_fill(drop, float("-inf")), dim=-1)
-        before = torch.cumsum(kept, dim=-1) - kept  # mass of the more likely tokens still kept
-        top_p = _column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], kept)
-        drop |= before > top_p  # keep the smallest prefix whose mass reaches top_p
-    return x.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
-
-
 def _draw(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     rows: list[int],
 ) -> list[int]:
-    x = logits[rows] / _column([params[r].temperature for r in rows], logits)
+    every = len(rows) == logits.shape[0]
+    x = logits if every else logits[rows]  # all rows: work in place, no gather and scatter of [B, V]
+    x.div_(_column([params[r].temperature for r in rows], logits))
     # A temperature (or repetition penalty) small enough to overflow gives +inf, and softmax then NaN, which
     # failed the whole batch's step; capped at the largest finite value the row is as good as greedy. -inf
     # stays -inf so masked tokens stay masked.
-    x = torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
+    x.nan_to_num_(nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
     filtered = [i for i, r in enumerate(rows) if params[r].filtered]
     if filtered:
-        x[filtered] = _filter(x[filtered], [params[rows[i]] for i in filtered])
-    logits[rows] = x
+        sub = x[filtered]
+        chosen = [params[rows[i]] for i in filtered]
+        filter_logits(sub, [p.min_p for p in chosen], [p.top_k for p in chosen], [p.top_p for p in chosen])
+        x[filtered] = sub
+    if not every:
+        logits[rows] = x
     probs = torch.softmax(x, dim=-1)
-    tokens = [0] * len(rows)
-    shared = [i for i, r in enumerate(rows) if generators[r] is None]
-    if shared:  # unseeded rows draw together from the global generator
-        for i, token in zip(shared, torch.multinomial(probs[shared], 1).squeeze(1).tolist(), strict=True):
-            tokens[i] = int(token)
+    uniforms = torch.rand(len(rows), device=logits.device)  # unseeded rows: the global generator
     for i, r in enumerate(rows):
         generator = generators[r]
         if generator is not None:  # a seed makes a row reproducible whatever else is in the batch
-            tokens[i] = int(torch.multinomial(probs[i], 1, generator=generator).item())
-    return tokens
+            uniforms[i] = torch.rand(1, generator=generator, device=generator.device)[0]
+    return [int(t) for t in draw(probs, uniforms).tolist()]
 
 
 def _logprobs(

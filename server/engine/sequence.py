@@ -79,6 +79,9 @@ class Sequence:
     stall: StallDetector | None = None
     mask_budget: MaskBudget | None = None
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
+    # The final output went to the sink (set under Engine's answer lock: the engine thread and the hung-step
+    # watchdog may both try to end it; only the first answers).
+    answered: bool = False
 
     def __post_init__(self) -> None:
         if not self.pending:

@@ -19,6 +19,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from grammars.limits import DEFAULT_LIMITS, InputLimits, check_count, check_schema_limits
 from grammars.request import ConstraintRequest
 from grammars.spec import GrammarKind
 from grammars.tools import DEFAULT_FORMAT, Mode, ScannedCall, ToolAnswer, ToolGrammar, scan, tool_calls_spec
@@ -54,7 +55,9 @@ class ToolRequest:
         return self.choice != "none"
 
 
-def parse_tools(tools: Any, tool_choice: Any, parallel: bool) -> ToolRequest | None:
+def parse_tools(
+    tools: Any, tool_choice: Any, parallel: bool, *, limits: InputLimits = DEFAULT_LIMITS
+) -> ToolRequest | None:
     """Check the request's tool fields; InvalidConstraint (a 400 naming the field) when wrong."""
     if tools is None:
         if tool_choice not in (None, "none"):
@@ -62,7 +65,8 @@ def parse_tools(tools: Any, tool_choice: Any, parallel: bool) -> ToolRequest | N
         return None
     if not isinstance(tools, list) or not tools:
         raise InvalidConstraint("tools must be a non-empty list of function tools", param="tools")
-    functions = [_function(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
+    check_count(len(tools), limits.max_tools, what="tools", flag="max-tools", param="tools")
+    functions = [_function(tool, f"tools[{index}]", limits) for index, tool in enumerate(tools)]
     names = [f.name for f in functions]
     for index, name in enumerate(names):
         if name in names[:index]:
@@ -70,7 +74,7 @@ def parse_tools(tools: Any, tool_choice: Any, parallel: bool) -> ToolRequest | N
     return ToolRequest(tuple(functions), _choice(tool_choice, names), parallel)
 
 
-def _function(tool: Any, param: str) -> Function:
+def _function(tool: Any, param: str, limits: InputLimits) -> Function:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise InvalidConstraint(f"{param}.type must be 'function'", param=f"{param}.type")
     function = tool.get("function")
@@ -92,6 +96,7 @@ def _function(tool: Any, param: str) -> Function:
     where = f"{param}.function.parameters"
     if not isinstance(parameters, dict):
         raise InvalidConstraint(f"{where} must be a JSON Schema object", param=where)
+    check_schema_limits(parameters, limits, param=where)
     check_schema(parameters, param=where)
     return Function(name, description, parameters)
 

@@ -166,6 +166,15 @@ def test_peer_bodies_carry_its_model_and_its_constraint_field(field: str, expect
         request_body(case, constrained=True, max_tokens=16, backend=None, constraint="guided_regex")
 
 
+def test_sampled_runs_send_the_same_sampling_to_both_sides() -> None:
+    case = candidate_cases(SAMPLE, 1)[0]
+    greedy = request_body(case, constrained=True, max_tokens=16, backend="auto")
+    assert greedy["temperature"] == 0.0 and "top_p" not in greedy
+    corral = request_body(case, constrained=False, max_tokens=16, backend="auto", temperature=1.0, top_p=0.9)
+    peer = request_body(case, constrained=False, max_tokens=16, backend=None, model="m", temperature=1.0, top_p=0.9)
+    assert (corral["temperature"], corral["top_p"]) == (peer["temperature"], peer["top_p"]) == (1.0, 0.9)
+
+
 def test_parse_levels() -> None:
     assert parse_levels("1, 4,16") == (1, 4, 16)
     with pytest.raises(ValueError):

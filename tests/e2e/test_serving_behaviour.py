@@ -93,6 +93,7 @@ DOCUMENTED = [
     "corral_generated_tokens_total",
     "corral_requests_total",
     "corral_failures_total",
+    "corral_mode_outcomes_total",
     "corral_rejected_requests_total",
     "corral_running_requests",
     "corral_waiting_requests",
@@ -129,6 +130,24 @@ def test_metrics_expose_documented_names_and_move(server: RunningServer, client:
         before, 'corral_mask_fill_seconds_count{backend="llguidance"}'
     )
     assert _sample(after, "corral_grammar_cache_total") > _sample(before, "corral_grammar_cache_total")
+
+
+def test_outcomes_are_counted_by_the_mode_the_request_used(server: RunningServer, client: Any) -> None:
+    """A mediating client's mode shows in the constraint it sends: a schema, a bare JSON object, or nothing."""
+    modes = {
+        "schema_constrained": {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
+        "json_mode": {"response_format": {"type": "json_object"}},
+        "contract_only": {},
+    }
+    for mode, fields in modes.items():
+        key = f'corral_mode_outcomes_total{{mode="{mode}",'  # every outcome of this mode
+        before = _sample(httpx.get(f"{server.base_url}/metrics").text, key)
+        reply = client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=2, **fields)
+        after = httpx.get(f"{server.base_url}/metrics").text
+        assert _sample(after, key) == before + 1, mode
+        outcome = reply.choices[0].corral_finish_reason  # type: ignore[attr-defined]
+        assert _sample(after, f'{key}outcome="{outcome}"}}') >= 1, (mode, outcome)
 
 
 def server_docs() -> str:
