@@ -30,8 +30,5 @@ def test_fuzzed_requests_get_no_5xx_no_lost_connection_and_no_fail_open(report: 
     assert report.healthy_after
 
 
-# Bodies the JSON parser refuses still answer FastAPI's {"detail": ...}; the lead removes this mark after
-# merging the limits branch.
-@pytest.mark.xfail(reason="fixed by limits branch", strict=False)
 def test_fuzzed_requests_get_every_error_in_openai_shape(report: FuzzReport) -> None:
     assert not report.bad_shape, report.bad_shape[:3]

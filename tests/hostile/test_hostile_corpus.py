@@ -30,12 +30,9 @@ def hostile_server() -> Iterator[RunningServer]:
 
 
 def _param(case: Hostile) -> object:
-    if case.fixed_by is None:
+    if case.known_failure is None:
         return pytest.param(case, id=case.name)
-    # Known to fail before the named branch lands; the lead removes these marks after merging it. The robust
-    # branch's cases (an unbounded seed) leave their request waiting forever today, so they are not run.
-    mark = pytest.mark.xfail(reason=f"fixed by {case.fixed_by} branch", strict=False, run=case.fixed_by != "robust")
-    return pytest.param(case, id=case.name, marks=mark)
+    return pytest.param(case, id=case.name, marks=pytest.mark.xfail(reason=case.known_failure, strict=True))
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in CORPUS])
