@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urldefrag, urljoin
 
 import jsonschema
 from jsonschema import Draft202012Validator
@@ -45,6 +46,38 @@ def check_schema(schema: Any, *, param: str) -> None:
         raise InvalidConstraint(
             f"{param} nests too deeply to check", param=param, code="schema_too_deep"
         ) from exc
+    _check_refs_inside(schema, param)
+
+
+def _check_refs_inside(schema: Any, param: str) -> None:
+    """Every `$ref` must point into the document itself: corral never fetches a schema, and an engine or
+    the full check that met an unresolvable reference mid-answer could only fail the request late.
+    (No JSONSchemaBench schema refers outside itself.)"""
+    if not isinstance(schema, dict):
+        return
+    root = schema.get("$id") if isinstance(schema.get("$id"), str) else ""
+    ids: set[str] = set()
+    external: list[str] = []
+    stack: list[Any] = [schema]
+    while stack:  # iterative: callers have bounded the depth, but a walk need not recurse at all
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("$id"), str):
+                ids.add(urljoin(root, urldefrag(node["$id"])[0]))
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                external.append(ref)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    for ref in external:
+        if urljoin(root, urldefrag(ref)[0]) not in ids:
+            raise InvalidConstraint(
+                f"{param} has a $ref to {ref[:200]!r}, outside the schema; corral resolves references only "
+                "within the document (put the target under $defs)",
+                param=param,
+                code="unresolvable_ref",
+            )
 
 
 def check_regex_hint(pattern: str) -> str | None:

@@ -129,9 +129,7 @@ CORPUS: list[Hostile] = [
     chat("ref_cycle_in_defs", structured_outputs={"json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {
         "$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}),
     chat("ref_bomb_2_pow_30", structured_outputs={"json": ref_bomb(30)}),
-    chat("ref_remote_url", structured_outputs={"json": {"$ref": "http://127.0.0.1:9/never.json"}},
-         known_failure="a remote $ref passes the schema check and a backend, then the contract guard cannot "
-         "resolve it: the answer ends with an engine error instead of a 400 before any work"),
+    chat("ref_remote_url", structured_outputs={"json": {"$ref": "http://127.0.0.1:9/never.json"}}),
     chat("ref_missing", structured_outputs={"json": {"$ref": "#/$defs/nowhere"}}),
     # -- schemas with numbers and values no answer can meet ----------------------------------------------------
     chat("schema_false", structured_outputs={"json": False}),
