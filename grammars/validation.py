@@ -55,15 +55,17 @@ def _check_refs_inside(schema: Any, param: str) -> None:
     (No JSONSchemaBench schema refers outside itself.)"""
     if not isinstance(schema, dict):
         return
-    root = schema.get("$id") if isinstance(schema.get("$id"), str) else ""
+    root_id = schema.get("$id")
+    root: str = root_id if isinstance(root_id, str) else ""
     ids: set[str] = set()
     external: list[str] = []
     stack: list[Any] = [schema]
     while stack:  # iterative: callers have bounded the depth, but a walk need not recurse at all
         node = stack.pop()
         if isinstance(node, dict):
-            if isinstance(node.get("$id"), str):
-                ids.add(urljoin(root, urldefrag(node["$id"])[0]))
+            node_id = node.get("$id")
+            if isinstance(node_id, str):
+                ids.add(urljoin(root, urldefrag(node_id)[0]))
             ref = node.get("$ref")
             if isinstance(ref, str) and not ref.startswith("#"):
                 external.append(ref)
