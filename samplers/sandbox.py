@@ -255,6 +255,8 @@ class _Worker:
             daemon=True,  # multiprocessing's atexit hook terminates daemonic children
         )
         self.process.start()
+        self._pid = self.process.pid  # kept: the process object is closed once the worker has ended
+        self._exitcode: int | None = None
         child.close()
         self.ready = False
         # close() (server stopping) and the compile thread that sees the worker die both end it: close once.
@@ -262,7 +264,17 @@ class _Worker:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self._pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode if self._exitcode is not None else self._live_exitcode()
+
+    def _live_exitcode(self) -> int | None:
+        try:
+            return self.process.exitcode
+        except ValueError:  # closed
+            return self._exitcode
 
     def wait_ready(self, timeout_s: float) -> None:
         if self.ready:
@@ -272,7 +284,7 @@ class _Worker:
         try:
             message = self.conn.recv()
         except (EOFError, OSError) as exc:
-            raise SandboxUnavailable(f"compile worker died while starting (exit code {self.process.exitcode})") from exc
+            raise SandboxUnavailable(f"compile worker died while starting (exit code {self.exitcode})") from exc
         if message[0] != "ready":
             raise SandboxUnavailable(f"compile worker failed to start: {message[1]}")
         log.debug("compile worker %s ready (tables built in %.1f s)", message[1], message[2])
@@ -287,16 +299,21 @@ class _Worker:
         return reply
 
     def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        self.process.join(5)
+        with contextlib.suppress(ValueError):  # ValueError: already ended and closed
+            with contextlib.suppress(OSError):
+                self.process.kill()
+            self.process.join(5)
         self._close_conn()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.conn.send(None)
-        self.process.join(1)
-        if self.process.is_alive():
+        try:
+            self.process.join(1)
+            alive = self.process.is_alive()
+        except ValueError:  # already ended and closed
+            alive = False
+        if alive:
             self.kill()
         else:
             self._close_conn()
@@ -305,6 +322,13 @@ class _Worker:
         with self._closing:
             if not self.conn.closed:
                 self.conn.close()
+            # Release the process's own pipe (its sentinel) now: a cached refusal's traceback can keep this
+            # worker referenced long after it died, and each kept one held file descriptors.
+            code = self._live_exitcode()
+            if code is not None:
+                self._exitcode = code
+                with contextlib.suppress(ValueError):
+                    self.process.close()
 
 
 def _stop_all(workers: list[_Worker]) -> None:
@@ -452,7 +476,7 @@ class CompileSandbox:
             return f"{name} needed more than {self.memory_limit_mb} MB to compile this grammar"
         if reply[0] == "crashed":
             return f"{name} failed on this grammar: {reply[1]}"
-        return f"{name} crashed compiling this grammar (worker exit code {worker.process.exitcode})"
+        return f"{name} crashed compiling this grammar (worker exit code {worker.exitcode})"
 
     def _ready_worker(self, name: str) -> _Worker:
         if self._broken is not None:

@@ -5,6 +5,7 @@ waits without a deadline for a compile thread."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -120,7 +121,8 @@ def test_out_of_memory_reaches_the_client_as_its_own_code(
     body = {
         "model": "corral-default",
         "messages": [{"role": "user", "content": "x"}],
-        "structured_outputs": {"choice": ["a", "b"]},
+        # A choice no other test sent: a cached grammar is answered before `compile` is called.
+        "structured_outputs": {"choice": [f"oom-{uuid.uuid4().hex}", "b"]},
     }
     resp = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
     error = resp.json()["error"]
