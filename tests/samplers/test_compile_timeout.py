@@ -180,6 +180,20 @@ def test_hostile_spec_is_refused_at_the_deadline_and_its_worker_killed(
     assert sandbox.stats.killed == kills + 1
 
 
+def test_killed_workers_leave_no_file_descriptors_behind(backend_set: BackendSet, xgr_sandbox: CompileSandbox) -> None:
+    """Each cached refusal keeps its traceback, and with it the killed worker: its process pipes must be
+    released when it ends, or every compile bomb costs the server file descriptors for as long as it runs."""
+    spec, backend = HOSTILE["regex"]
+    xgr_sandbox.wait_ready(2)
+    before = len(os.listdir("/proc/self/fd"))
+    caches = [new_cache(backend_set, xgr_sandbox) for _ in range(3)]  # kept: their refusals stay cached
+    for cache in caches:
+        error, _ = timed_refusal(cache, spec, backend)
+        assert error.timed_out
+        xgr_sandbox.wait_ready(2)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
 def test_llguidance_refuses_an_exploding_schema_fast_by_its_own_limits(
     backend_set: BackendSet, sandbox: CompileSandbox
 ) -> None:
