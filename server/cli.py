@@ -51,6 +51,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from server.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before the server's threads exist
     from server.request_context import LOG_FORMAT, install_log_record_factory, uvicorn_log_config
 
     install_log_record_factory()
