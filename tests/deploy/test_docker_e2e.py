@@ -57,9 +57,9 @@ class Stack:
     def replicas(self) -> list[str]:
         return self.compose("ps", "-q", "corral").split()
 
-    def client(self, **headers: str) -> openai.OpenAI:
+    def client(self, retries: int = 0, **headers: str) -> openai.OpenAI:
         return openai.OpenAI(
-            base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=60, default_headers=headers
+            base_url=f"{self.base_url}/v1", api_key="unused", max_retries=retries, timeout=60, default_headers=headers
         )
 
 
@@ -229,12 +229,17 @@ def test_two_replicas_share_load_keep_schema_affinity_and_survive_one_dying(stac
     killed = threading.Event()
     stop = threading.Event()
 
+    # The SDK's default retry policy (2), as users run it: a request whose replica is SIGKILLed mid-answer
+    # cannot be retried by the balancer (part of the answer may have left), so the client retries it.
+    retrying = stack.client(retries=2)
+    pinned_retrying = stack.client(retries=2, **{"X-Corral-Schema-Hash": "person-v1"})
+
     def load() -> None:
         nonlocal after_kill
         while not stop.is_set():
             try:
-                _person(stack.client())
-                _person(pinned)  # its replica may be the one that dies
+                _person(retrying)
+                _person(pinned_retrying)  # its replica may be the one that dies
                 after_kill += 2 if killed.is_set() else 0
             except Exception as exc:  # any failure the client sees counts
                 failures.append(repr(exc))
