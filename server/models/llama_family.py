@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
+from server.models.projection import Projection
 
 log = logging.getLogger(__name__)
 
@@ -133,25 +134,23 @@ class _Layer(torch.nn.Module):
 
         self.input_norm = param(weights["input_layernorm.weight"])
         # q, k and v (and gate and up) share their input: one matmul each instead of three (two).
-        self.qkv = param(torch.cat([weights.pop(f"self_attn.{p}_proj.weight") for p in "qkv"]))
+        qkv = torch.cat([weights.pop(f"self_attn.{p}_proj.weight") for p in "qkv"])
         biases = [weights.pop(f"self_attn.{p}_proj.bias", None) for p in "qkv"]
-        self.qkv_bias = (
-            optional(torch.cat([b for b in biases if b is not None])) if all(b is not None for b in biases) else None
-        )
-        if any(b is not None for b in biases) and self.qkv_bias is None:
+        if any(b is not None for b in biases) and not all(b is not None for b in biases):
             raise ValueError("the checkpoint has biases on some but not all of q/k/v")
-        self.o = param(weights["self_attn.o_proj.weight"])
-        self.o_bias = optional(weights.get("self_attn.o_proj.bias"))
+        qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
+        self.qkv = Projection(qkv, qkv_bias)
+        self.o = Projection(weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias"))
         self.q_norm = optional(weights.get("self_attn.q_norm.weight"))
         self.k_norm = optional(weights.get("self_attn.k_norm.weight"))
         if shape.qk_norm and (self.q_norm is None or self.k_norm is None):
             raise ValueError("a Qwen3 checkpoint without q_norm/k_norm weights")
         self.post_norm = param(weights["post_attention_layernorm.weight"])
-        self.gate_up = param(torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")]))
+        gate_up = torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")])
         gate_b, up_b = weights.get("mlp.gate_proj.bias"), weights.get("mlp.up_proj.bias")
-        self.gate_up_bias = param(torch.cat([gate_b, up_b])) if gate_b is not None and up_b is not None else None
-        self.down = param(weights["mlp.down_proj.weight"])
-        self.down_bias = optional(weights.get("mlp.down_proj.bias"))
+        gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
+        self.gate_up = Projection(gate_up, gate_up_bias)
+        self.down = Projection(weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias"))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -183,7 +182,7 @@ class LlamaFamilyModel(torch.nn.Module):
             self.layers.append(_Layer(own, shape))
         self.norm = torch.nn.Parameter(weights.pop("model.norm.weight"), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
-        self.head = self.embed if head is None else torch.nn.Parameter(head, requires_grad=False)
+        self.head = Projection(self.embed if head is None else head)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq.to(self.embed.device), persistent=False)
         self.rope_scale = rope_scale
@@ -207,20 +206,20 @@ class LlamaFamilyModel(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             h = F.rms_norm(x, (s.hidden_size,), layer.input_norm, eps)
-            q, k, v = torch.split(F.linear(h, layer.qkv, layer.qkv_bias), [q_size, kv_size, kv_size], dim=-1)
+            q, k, v = torch.split(layer.qkv(h), [q_size, kv_size, kv_size], dim=-1)
             q = q.view(-1, s.num_heads, s.head_dim)
             k = k.view(-1, s.num_kv_heads, s.head_dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = F.rms_norm(q, (s.head_dim,), layer.q_norm, eps)
                 k = F.rms_norm(k, (s.head_dim,), layer.k_norm, eps)
             attn = attend(i, _rotate(q, cos, sin), _rotate(k, cos, sin), v.view(-1, s.num_kv_heads, s.head_dim))
-            x = x + F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias)
+            x = x + layer.o(attn.reshape(-1, q_size))
             h = F.rms_norm(x, (s.hidden_size,), layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         # Only each row's last token needs logits: the vocabulary projection is the step's largest matmul.
         x = F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
-        return F.linear(x, self.head).float()
+        return self.head(x).float()
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -18,6 +18,7 @@ import torch
 
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.prefix_cache import BLOCK_SIZE
+from server.models import projection
 from server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
 from server.models.loading import LoadedModel
 
@@ -77,11 +78,15 @@ class Checkpoint:
     ours: LoadedModel
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=[(name, packed) for name in sorted(CONFIGS) for packed in (False, True)],
+                ids=lambda p: f"{p[0]}-{'onednn' if p[1] else 'plain'}")
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """Each config twice: with the small weights on F.linear (as served), and with every projection
+    forced onto the oneDNN-packed path that real-sized weights take on CPU."""
     from transformers import AutoModelForCausalLM
 
-    config = CONFIGS[request.param]()
+    name, packed = request.param
+    config = CONFIGS[name]()
     torch.manual_seed(0)
     model: Any = AutoModelForCausalLM.from_config(config)
     generator = torch.Generator().manual_seed(1)
@@ -92,16 +97,22 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             else:
                 param.copy_(0.08 * torch.randn(param.shape, generator=generator))
     model.eval()
-    model_dir = tmp_path_factory.mktemp(request.param)
+    model_dir = tmp_path_factory.mktemp(name)
     # Qwen2 saves sharded (small shards + index), the others as one file: both layouts get loaded.
-    model.save_pretrained(model_dir, max_shard_size="100KB" if request.param == "qwen2" else "50GB")
+    model.save_pretrained(model_dir, max_shard_size="100KB" if name == "qwen2" else "50GB")
     assert unsupported_reason(model.config) is None
-    ours = load_llama_family(model_dir, model.config, torch.float32, torch.device("cpu"))
+    with pytest.MonkeyPatch.context() as patch:
+        if packed:
+            patch.setattr(projection, "PACK_MIN_ELEMENTS", 0)
+        ours = load_llama_family(model_dir, model.config, torch.float32, torch.device("cpu"))
+    if packed and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN: the packed path is not taken")
+    assert ours.head.packed == packed
     loaded = LoadedModel(
         model=ours,
         tokenizer=None,
         path=model_dir,
-        name=request.param,
+        name=name,
         vocab_size=VOCAB,
         stop_token_ids=(),
         revision_token_id=None,
