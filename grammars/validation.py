@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urldefrag, urljoin
@@ -11,7 +14,7 @@ from urllib.parse import urldefrag, urljoin
 import jsonschema
 from jsonschema import Draft202012Validator
 
-from grammars.spec import GrammarKind, GrammarSpec
+from grammars.spec import GrammarKind, GrammarSpec, canonical_json
 
 
 class InvalidConstraint(ValueError):
@@ -30,12 +33,52 @@ def json_pointer(path: Any) -> str:
     return "/" + "/".join(parts) if parts else "/"
 
 
+class _PassedSchemas:
+    """Digests of schemas that passed `check_schema`, least recently used first. Clients send the same
+    schema with request after request; checking it against the meta-schema each time was most of the
+    request preparation's CPU at concurrency 8 (py-spy), taken from the second core the engine shares."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def seen(self, digest: bytes) -> bool:
+        with self._lock:
+            if digest in self._digests:
+                self._digests.move_to_end(digest)
+                return True
+            return False
+
+    def add(self, digest: bytes) -> None:
+        with self._lock:
+            self._digests[digest] = None
+            if len(self._digests) > self._capacity:
+                self._digests.popitem(last=False)
+
+
+_PASSED = _PassedSchemas(4096)
+
+
 def check_schema(schema: Any, *, param: str) -> None:
-    """Reject a schema that is not valid JSON Schema (Draft 2020-12 meta-schema), naming where."""
+    """Reject a schema that is not valid JSON Schema (Draft 2020-12 meta-schema), naming where. A schema
+    that passed before (same canonical text) is not checked again; failures are never remembered, so each
+    names its own request's field."""
     if not isinstance(schema, (dict, bool)):
         raise InvalidConstraint(
             f"{param} must be a JSON Schema object, got {type(schema).__name__}", param=param, where="/"
         )
+    try:
+        digest = hashlib.blake2b(canonical_json(schema).encode(), digest_size=16).digest()
+    except RecursionError as exc:  # the depth limit (grammars/limits.py) keeps callers from getting here
+        raise InvalidConstraint(f"{param} nests too deeply to check", param=param, code="schema_too_deep") from exc
+    if _PASSED.seen(digest):
+        return
+    _check_schema_uncached(schema, param)
+    _PASSED.add(digest)
+
+
+def _check_schema_uncached(schema: dict[str, Any] | bool, param: str) -> None:
     validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
     try:
         validator_cls.check_schema(schema)  # type: ignore[arg-type]  # booleans are valid schemas

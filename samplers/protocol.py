@@ -90,11 +90,3 @@ class SamplerBackend(Protocol):
 def allocate_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
     """All-allowed int32 bitmask, the layout both engines share (bit i of word j = token 32*j+i)."""
     return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
-
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
-    """Set disallowed logits to -inf in place, on the logits' device, with xgrammar's kernels."""
-    import xgrammar
-
-    mask = bitmask.to(logits.device, non_blocking=True)
-    xgrammar.apply_token_bitmask_inplace(logits, mask, indices=None if rows is None else list(rows))

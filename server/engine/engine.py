@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask, apply_bitmask
+from samplers.bitmask import apply_bitmask
+from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated, few_allowed
 from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
