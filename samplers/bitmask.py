@@ -29,6 +29,24 @@ def allowed_ids(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return below
 
 
+def sparse_rows(
+    bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, max_ids: int | None = None
+) -> dict[int, np.ndarray]:
+    """The allowed ids of each of `rows` whose mask allows at most `max_ids` tokens (default: vocab / 16),
+    found without unpacking the rows that allow many (those are left out)."""
+    limit = vocab_size // 16 if max_ids is None else max_ids
+    words = bitmask.numpy()
+    found: dict[int, np.ndarray] = {}
+    for row in rows:
+        row_words = words[row]
+        if np.count_nonzero(row_words) > limit:  # each non-zero word allows at least one token
+            continue
+        ids = allowed_ids(row_words, vocab_size)
+        if len(ids) <= limit:
+            found[row] = ids
+    return found
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
     """Set disallowed logits to -inf in place, for `rows` of logits (row i uses bitmask row i; default all).
     Tokens past the bitmask's width (32 × words) are left alone, as xgrammar's kernels do."""

@@ -71,7 +71,7 @@ def run_projection_bench(
             proj = Projection(weight)
             for rows in batches:
                 x = torch.randn(rows, in_features, generator=generator).to(dtype)
-                packed = proj.packed and not (proj.holds_plain and rows == 1)
+                packed = proj.uses_packed(rows)
 
                 def corral(x: torch.Tensor = x, proj: Projection = proj) -> torch.Tensor:
                     return proj(x)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from samplers.bitmask import apply_bitmask
+from samplers.bitmask import apply_bitmask, sparse_rows
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated, few_allowed
@@ -94,13 +94,28 @@ class Engine:
         for seq in batch:
             seq.stats.scheduled = seq.stats.scheduled or now
         masks = self._start_masks(batch)
+        settled: _SettledMasks | None = None
+        waited = 0.0
+
+        def restrict() -> dict[int, torch.Tensor]:
+            """Between the decoder and its head: settle the masks, name the rows whose head can be cut."""
+            nonlocal settled, waited
+            t_wait = time.perf_counter()
+            settled = self._settle_masks(batch, masks, restrictable=True)
+            waited = time.perf_counter() - t_wait
+            return settled.restricted
+
         t0 = time.perf_counter()
-        logits = self.runner.forward([ForwardRow(s.slot, s.num_cached, s.pending) for s in batch])
-        forward_ms = (time.perf_counter() - t0) * 1000
+        rows_in = [ForwardRow(s.slot, s.num_cached, s.pending) for s in batch]
+        logits = self.runner.forward(rows_in, restrict if masks is not None else None)
+        forward_ms = (time.perf_counter() - t0 - waited) * 1000
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
-        live = self._apply_masks(logits, batch, masks)
+        if settled is None:  # the runner did not ask: every masked row gets the full logits, masked after
+            settled = self._settle_masks(batch, masks, restrictable=False)
+        self._act_on_masks(batch, settled)
+        live = self._apply_masks(logits, batch, settled)
         rows = [batch[i] for i in live]
         histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
         sampled = sample_rows(logits[live], [s.params for s in rows], [s.generator for s in rows], histories)
@@ -175,39 +190,64 @@ class Engine:
             per_row.update({row: each for row in rows if row not in failed})
         return MaskFill(per_row, failed)
 
-    def _apply_masks(
-        self, logits: torch.Tensor, batch: list[Sequence], masks: Future[MaskFill] | None
-    ) -> list[int]:
-        """Mask every row; returns the rows that go on to sampling (watchdog trips and dead ends don't)."""
-        live = list(range(len(batch)))
+    def _settle_masks(
+        self, batch: list[Sequence], masks: Future[MaskFill] | None, *, restrictable: bool
+    ) -> _SettledMasks:
+        """Wait for the step's masks and judge them: failed fills, budget overruns, dead ends, the revision
+        token's bit. It may run mid-forward (between the decoder and its head), so it changes no sequence:
+        `_act_on_masks` ends or backs off rows after the forward. When `restrictable` (the runner asked,
+        between decoder and head), it also names the allowed ids of each surviving row whose mask allows
+        few tokens: the head computes only those."""
         self._narrow = {}
+        if masks is None:
+            return _SettledMasks([], {}, set(), set(), {})
+        per_row, failed = masks.result()
+        rows = sorted(per_row)
+        watched = [row for row in rows if batch[row].stall is not None]
+        narrow = few_allowed(self._bitmask, watched, self._vocab)
+        self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
+        overran: set[int] = set()
+        dead_ends: set[int] = set()
+        for row in rows:
+            seq = batch[row]
+            seq.stats.mask_us.append(per_row[row])
+            assert seq.mask_budget is not None
+            if seq.mask_budget.record(per_row[row]):
+                overran.add(row)
+            elif not bool(self._bitmask[row].any()):
+                dead_ends.add(row)  # backtrack: the grammar allows nothing here
+            elif self.revise_id is not None and seq.revision.can_revise():
+                _set_bit(self._bitmask, row, self.revise_id)  # revision stays possible under any grammar
+        settled = _SettledMasks(rows, failed, overran, dead_ends, {})
+        if restrictable:
+            # A row that ends here needs no logits at all; a sparse one only its allowed ids.
+            dead = settled.dead
+            settled.restricted.update({row: _NO_TOKENS for row in dead})
+            live_rows = [row for row in rows if row not in dead]
+            for row, ids in sparse_rows(self._bitmask, live_rows, self._vocab).items():
+                settled.restricted[row] = torch.from_numpy(ids)
+        return settled
+
+    def _act_on_masks(self, batch: list[Sequence], settled: _SettledMasks) -> None:
+        for row, message in settled.failed.items():
+            batch[row].error = message
+            self._finish(batch[row], "error")
+        for row in sorted(settled.overran):
+            self._trip(batch[row], Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
+        for row in sorted(settled.dead_ends):
+            self._revise(batch[row], Trip.DEAD_END)
+
+    def _apply_masks(self, logits: torch.Tensor, batch: list[Sequence], settled: _SettledMasks) -> list[int]:
+        """Mask every row; returns the rows that go on to sampling (watchdog trips and dead ends don't)."""
         free_rows = [i for i, s in enumerate(batch) if s.matcher is None and s.params.ignore_eos]
         if free_rows:
             logits[torch.tensor(free_rows)[:, None], self._ban_stop[None, :]] = float("-inf")
-        if masks is not None:
-            per_row, failed = masks.result()
-            rows = sorted(per_row)
-            dead = set(failed)
-            for row, message in failed.items():
-                batch[row].error = message
-                self._finish(batch[row], "error")
-            watched = [row for row in rows if batch[row].stall is not None]
-            narrow = few_allowed(self._bitmask, watched, self._vocab)
-            self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
-            for row in rows:
-                seq = batch[row]
-                seq.stats.mask_us.append(per_row[row])
-                assert seq.mask_budget is not None
-                if seq.mask_budget.record(per_row[row]):
-                    self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
-                    dead.add(row)
-                elif not bool(self._bitmask[row].any()):
-                    dead.add(row)
-                    self._revise(seq, Trip.DEAD_END)  # backtrack: the grammar allows nothing here
-                elif self.revise_id is not None and seq.revision.can_revise():
-                    _set_bit(self._bitmask, row, self.revise_id)  # revision stays possible under any grammar
-            apply_bitmask(logits, self._bitmask[: len(batch)], rows)
-            live = [i for i in live if i not in dead]
+        # Restricted rows came out of the head already masked.
+        unmasked = [row for row in settled.rows if row not in settled.restricted]
+        if unmasked:
+            apply_bitmask(logits, self._bitmask[: len(batch)], unmasked)
+        dead = settled.dead
+        live = [i for i in range(len(batch)) if i not in dead]
         for row in live:
             seq = batch[row]
             banned = seq.revision.banned_at(len(seq.output_ids))
@@ -434,6 +474,22 @@ class Engine:
 class MaskFill(NamedTuple):
     per_row_us: dict[int, float]  # rows filled, each with its share of the fill time
     failed: dict[int, str]  # rows whose grammar engine raised, with the message their request ends with
+
+
+class _SettledMasks(NamedTuple):
+    rows: list[int]  # rows that carry a grammar mask this step
+    failed: dict[int, str]  # rows whose fill raised, with their request's error
+    overran: set[int]  # rows whose fills overran their time budget too often
+    dead_ends: set[int]  # rows whose grammar allows nothing: they back off (revision)
+    restricted: dict[int, torch.Tensor]  # rows whose head computes only these token ids
+
+    @property
+    def dead(self) -> set[int]:
+        """Rows not sampled this step."""
+        return set(self.failed) | self.overran | self.dead_ends
+
+
+_NO_TOKENS = torch.zeros(0, dtype=torch.int64)
 
 
 def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:

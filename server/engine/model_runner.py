@@ -8,7 +8,7 @@ Both keep one KV region per slot, so the prefix cache (server/engine/prefix_cach
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Protocol
@@ -33,11 +33,19 @@ class ForwardRow:
     tokens: Sequence[int]
 
 
+# Called between the decoder and its head with the step's grammar masks settled: {row: allowed token ids}
+# for rows whose head may be restricted to those ids (every other id of such a row is forbidden).
+Restrict = Callable[[], Mapping[int, torch.Tensor]]
+
+
 class _Forward(Protocol):
     @property
     def cache(self) -> KVCopier: ...
 
-    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor: ...
+    @property
+    def restricts_head(self) -> bool: ...
+
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor: ...
 
 
 class ModelRunner:
@@ -54,10 +62,17 @@ class ModelRunner:
         self.cache = impl.cache
         self.prefix = PrefixCache(max_batch, impl.cache, enabled=prefix_cache)
 
+    @property
+    def restricts_head(self) -> bool:
+        """Whether `forward` calls its `restrict` (else every row gets full logits, to be masked after)."""
+        return self._impl.restricts_head
+
     @torch.inference_mode()
-    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
-        """Float32 logits [len(rows), V] for the last fed token of each row."""
-        logits = self._impl.forward(rows)
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
+        """Float32 logits [len(rows), V] for the last fed token of each row. Where `restricts_head`,
+        `restrict` is called once after the decoder, and the rows it names get only their allowed logits
+        (the rest -inf)."""
+        logits = self._impl.forward(rows, restrict)
         for row in rows:
             self.prefix.written(row.slot, row.start, row.tokens)
         return logits
@@ -80,16 +95,20 @@ class PackedForward:
             device=device,
         )
         self.device = device
+        # On CPU the vocabulary projection is most of a step, and a grammar often allows a few hundred of
+        # its rows. On CUDA the whole projection is one cheap kernel; gathers per row would cost more.
+        self.restricts_head = device.type == "cpu"
 
-    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
         counts = [len(r.tokens) for r in rows]
         starts = [r.start for r in rows]
         plan = self.cache.plan([r.slot for r in rows], starts, counts)
         input_ids = torch.tensor(list(chain.from_iterable(r.tokens for r in rows)), device=self.device)
         positions = plan.write_index % self.cache.max_len
         last = torch.tensor(counts, device=self.device).cumsum(0) - 1
-        logits: torch.Tensor = self.model(input_ids, positions, last, self.cache)
-        return logits
+        hidden = self.model.hidden(input_ids, positions, last, self.cache)
+        allowed = restrict() if restrict is not None and self.restricts_head else {}
+        return self.model.restricted_logits(hidden, allowed)
 
 
 class TransformersForward:
@@ -109,6 +128,7 @@ class TransformersForward:
         model: Any = loaded.model
         self._decoder: Any = model.get_decoder() if has_plain_head and hasattr(model, "get_decoder") else None
         self._head: Any = model.get_output_embeddings() if self._decoder is not None else None
+        self.restricts_head = False
         self.cache = SlotKVCache(
             num_layers=int(text_config.num_hidden_layers),
             num_slots=max_batch,
@@ -119,7 +139,7 @@ class TransformersForward:
             device=self.device,
         )
 
-    def forward(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
         out: list[torch.Tensor | None] = [None] * len(rows)
         shared = [
             i

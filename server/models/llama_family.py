@@ -15,7 +15,7 @@ is served with its context capped at the window, where full attention is exactly
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -182,7 +182,9 @@ class LlamaFamilyModel(torch.nn.Module):
             self.layers.append(_Layer(own, shape))
         self.norm = torch.nn.Parameter(weights.pop("model.norm.weight"), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
-        self.head = Projection(self.embed if head is None else head)
+        # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
+        # grammar-restricted row computes its few allowed logits from it (restricted_logits).
+        self.head = Projection(self.embed if head is None else head, keep_plain=True)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq.to(self.embed.device), persistent=False)
         self.rope_scale = rope_scale
@@ -198,6 +200,12 @@ class LlamaFamilyModel(torch.nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] (every row's new tokens, packed); last: [B] index of each row's last
         token in the pack. Returns float32 logits [B, vocab]."""
+        return self.head(self.hidden(input_ids, positions, last, attend)).float()
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """The decoder without its head: each row's last token's final-normed hidden state [B, hidden]."""
         s = self.shape
         eps = s.rms_eps
         x = F.embedding(input_ids, self.embed)
@@ -218,8 +226,26 @@ class LlamaFamilyModel(torch.nn.Module):
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         # Only each row's last token needs logits: the vocabulary projection is the step's largest matmul.
-        x = F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
-        return self.head(x).float()
+        return F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
+
+    def restricted_logits(self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor]) -> torch.Tensor:
+        """Float32 logits [B, vocab] where row r in `allowed` gets only its allowed token ids computed (the
+        rest -inf, as its grammar mask would set them) and every other row the full projection."""
+        if not allowed:
+            return self.head(hidden).float()
+        batch = hidden.shape[0]
+        logits = torch.full((batch, self.head.out_features), float("-inf"), device=hidden.device)
+        full = [row for row in range(batch) if row not in allowed]
+        if full:
+            index = torch.tensor(full, device=hidden.device)
+            logits.index_copy_(0, index, self.head(hidden.index_select(0, index)).float())
+        keys = sorted(allowed)
+        columns = torch.cat([allowed[row] for row in keys]).to(hidden.device)
+        counts = torch.tensor([len(allowed[row]) for row in keys])
+        rows = torch.repeat_interleave(torch.tensor(keys), counts).to(hidden.device)
+        if len(columns):
+            logits[rows, columns] = self.head.select(hidden, rows, columns).float()
+        return logits
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -47,20 +47,24 @@ def _pack(weight: torch.Tensor, min_elements: int) -> torch.Tensor | None:
 class Projection:
     """y = x Wᵀ + b for x [..., in_features]. Holds the weight it needs: the packed copy, the plain one, or both."""
 
-    __slots__ = ("_bias", "_packed", "_plain", "in_features", "out_features")
+    __slots__ = ("_bias", "_packed", "_plain", "_single_row_plain", "in_features", "out_features")
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, min_pack_elements: int | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        min_pack_elements: int | None = None,
+        keep_plain: bool = False,
     ) -> None:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self._bias = bias
         threshold = PACK_MIN_ELEMENTS if min_pack_elements is None else min_pack_elements
         self._packed = _pack(weight, threshold)
-        keep_plain = self._packed is None or (
-            weight.dtype == torch.float32 and self.in_features < _PLAIN_SINGLE_ROW_MAX_IN
-        )
+        keep_plain = keep_plain or self._packed is None
+        self._single_row_plain = weight.dtype == torch.float32 and self.in_features < _PLAIN_SINGLE_ROW_MAX_IN
         # Dropping the plain weight once packed keeps the model's memory what it was.
-        self._plain = weight if keep_plain else None
+        self._plain = weight if keep_plain or self._single_row_plain else None
 
     @property
     def packed(self) -> bool:
@@ -68,13 +72,25 @@ class Projection:
 
     @property
     def holds_plain(self) -> bool:
-        """Whether the unpacked weight is kept too (needed for the single-row path or with no packing)."""
+        """Whether the unpacked weight is kept (no packing, the single-row path, or asked for: `select`)."""
         return self._plain is not None
+
+    def uses_packed(self, rows: int) -> bool:
+        """Whether a call with this many rows goes through oneDNN's packed weight."""
+        return self._packed is not None and not (self._single_row_plain and rows == 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         packed = self._packed
-        if packed is None or (self._plain is not None and x.numel() == self.in_features):
+        if packed is None or (self._single_row_plain and x.numel() == self.in_features):
             assert self._plain is not None
             return F.linear(x, self._plain, self._bias)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, self._bias, "none", [], "")
         return out
+
+    def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """Only the outputs (rows[i], columns[i]) of x Wᵀ + b, for x [R, in_features]: [len(rows)] values.
+        Needs the plain weight (`keep_plain`): a grammar that allows 200 of 128,257 tokens needs 200 dot
+        products, not the whole vocabulary projection."""
+        assert self._plain is not None, "select needs the plain weight: build the projection with keep_plain"
+        values = (self._plain.index_select(0, columns) * x.index_select(0, rows)).sum(-1)
+        return values if self._bias is None else values + self._bias.index_select(0, columns)

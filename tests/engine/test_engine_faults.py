@@ -99,10 +99,10 @@ def _blocking_forward(engine: Engine) -> tuple[threading.Event, threading.Event]
     entered, release = threading.Event(), threading.Event()
     original: Callable[..., torch.Tensor] = engine.runner.forward
 
-    def forward(rows: Any) -> torch.Tensor:
+    def forward(rows: Any, restrict: Any = None) -> torch.Tensor:
         entered.set()
         release.wait(60)
-        return original(rows)
+        return original(rows, restrict)
 
     engine.runner.forward = forward  # type: ignore[method-assign]
     return entered, release

@@ -66,3 +66,25 @@ def test_small_weights_and_missing_onednn_use_f_linear_exactly(monkeypatch: pyte
     assert not fallback.packed and fallback.holds_plain
     y = torch.randn(3, 512)
     assert torch.equal(fallback(y), F.linear(y, large))
+
+
+@pytest.mark.parametrize("keep_plain", [False, True])
+def test_select_computes_the_chosen_outputs_only(keep_plain: bool) -> None:
+    """The grammar-restricted head: (row, column) pairs of the product, with the bias."""
+    weight, bias = _weights(4096, 64, torch.float32)
+    proj = Projection(weight, bias, keep_plain=keep_plain)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    rows = torch.tensor([0, 0, 2, 1, 2])
+    columns = torch.tensor([5, 4095, 0, 17, 17])
+    full = F.linear(x, weight, bias)
+    torch.testing.assert_close(proj.select(x, rows, columns), full[rows, columns], rtol=1e-5, atol=1e-5)
+    assert proj.select(x, rows[:0], columns[:0]).shape == (0,)
+
+
+@needs_onednn
+def test_keep_plain_keeps_a_packed_weight_selectable() -> None:
+    wide, _ = _weights(1024, 512, torch.float32)
+    proj = Projection(wide, keep_plain=True)
+    assert proj.packed and proj.holds_plain and proj.uses_packed(1)
+    x = torch.randn(2, 512)
+    torch.testing.assert_close(proj.select(x, torch.tensor([1]), torch.tensor([7])), F.linear(x, wide)[1, 7:8])

@@ -98,8 +98,8 @@ def test_revision_restores_kv_cache_matcher_and_output(loaded: LoadedModel, back
     captured: list[torch.Tensor] = []
     original = engine.runner.forward
 
-    def spy(rows: Sequence[ForwardRow]) -> torch.Tensor:
-        out = original(rows)
+    def spy(rows: Sequence[ForwardRow], restrict: object = None) -> torch.Tensor:
+        out = original(rows)  # no restricted head: the whole row is compared with a fresh prefill
         captured.append(out.clone())
         return out
 
