@@ -2,9 +2,9 @@
 
 torch's CPU `F.linear` goes through MKL's sgemm, which on this machine (an AMD EPYC with AVX-512) ran the
 default model's 128,257 × 64 vocabulary projection at ~20 GFLOP/s: 6.4 ms for a batch of 8 rows. The same
-product through oneDNN with the weight reordered once into its blocked layout took 2.5-2.9 ms, and 0.7 ms
-instead of 1.8 ms for a 4,096 × 1,024 layer (`corral bench projection` measures it; docs/serving-benchmark.md).
-vLLM's CPU backend takes the same route (oneDNN with prepacked weights) for the same reason.
+product through oneDNN with the weight reordered once into its blocked layout took 2.5-3.0 ms, and a
+Llama-3.2-1B-shaped layer's projections 1.3-2.4× less at 8 rows (`corral bench projection`;
+docs/serving-benchmark.md). vLLM's CPU backend takes the same route (oneDNN, prepacked) for the same reason.
 
 Two cases stay on `F.linear`, both measured: small weights, where oneDNN's fixed cost per call (~10 µs) is
 more than the product itself, and a single float32 row through a weight with a short input axis (the
@@ -35,9 +35,13 @@ def _pack(weight: torch.Tensor, min_elements: int) -> torch.Tensor | None:
         return None
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return None
+    # The batch-size hint only tunes the blocking; the packed weight serves any number of rows. Measured
+    # (`corral bench projection`): a long input axis wants hint 1 (a 2,048 x 8,192 float32 weight, one
+    # row: 3.4 ms against 5.0 with hint 8 and 3.7 unpacked; eight rows 6.4 against 8.5 unpacked); a short
+    # one (the default model's head) wants 8, and its single rows go unpacked.
+    hint = 8 if weight.shape[1] < _PLAIN_SINGLE_ROW_MAX_IN else 1
     try:
-        # The batch-size hint only tunes the blocking; the packed weight serves any number of rows.
-        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
     except (RuntimeError, AttributeError) as exc:  # a torch build without the op: plain is still correct
         log.info("oneDNN weight packing unavailable (%s); using F.linear", exc)
         return None
