@@ -44,6 +44,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 from typing import Any, Protocol
@@ -181,21 +182,29 @@ _CODECS: dict[str, Callable[[], Codec]] = {"xgrammar": _XGrammarCodec, "llguidan
 # -- the worker process ------------------------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, tokenizer_blob: bytes, names: list[str], memory_limit_mb: int | None) -> None:
+def _boot(tokenizer_blob: bytes, names: list[str]) -> tuple[dict[str, SamplerBackend], dict[str, Codec]]:
     from samplers.registry import resolve_factory
 
+    tokenizer: TokenizerSpec = pickle.loads(tokenizer_blob)
+    backends = {name: resolve_factory(name)(tokenizer) for name in names}
+    return backends, {name: _CODECS[name]() for name in names}
+
+
+def _worker_main(conn: Connection, tokenizer_blob: bytes, names: list[str], memory_limit_mb: int | None) -> None:
     booted = time.monotonic()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server; it stops us
     _exit_with_parent(os.getppid())
     try:
-        tokenizer: TokenizerSpec = pickle.loads(tokenizer_blob)
-        backends = {name: resolve_factory(name)(tokenizer) for name in names}
-        codecs = {name: _CODECS[name]() for name in names}
+        backends, codecs = _boot(tokenizer_blob, names)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     _limit_memory(memory_limit_mb)
     conn.send(("ready", os.getpid(), time.monotonic() - booted))
+    _serve(conn, backends, codecs)
+
+
+def _serve(conn: Connection, backends: dict[str, SamplerBackend], codecs: dict[str, Codec]) -> None:
     while True:
         try:
             job = conn.recv()
@@ -217,6 +226,75 @@ def _worker_main(conn: Connection, tokenizer_blob: bytes, names: list[str], memo
             conn.send(reply)
         except MemoryError:
             conn.send(("oom",))
+
+
+# Compiled in a forked child before the zygote says it is ready: forking must give a working worker.
+_FORK_PROBES = (GrammarSpec(GrammarKind.REGEX, "[a-z]{1,4}"), GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type":"object"}'))
+FORK_PROBE_TIMEOUT_S = 60.0
+
+
+def _zygote_main(conn: Connection, tokenizer_blob: bytes, names: list[str], memory_limit_mb: int | None) -> None:
+    """Build the backends' tables once, then fork ready workers from them on request (~0.1 s each instead
+    of a ~5-8 s boot per worker). Every worker a compile bomb's deadline kills is replaced this way, so
+    refusing a flood of bombs costs their deadlines, not a table build each. The zygote never compiles
+    itself; it is single-threaded apart from idle library threads, and it proves a forked child can
+    compile (`_FORK_PROBES`) before it reports ready, else the pool spawns workers as before."""
+    booted = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(os.getppid())
+    try:
+        backends, codecs = _boot(tokenizer_blob, names)
+        _probe_fork(backends)
+    except BaseException as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers (they are not the server's)
+    conn.send(("ready", os.getpid(), time.monotonic() - booted))
+    while True:
+        try:
+            request = conn.recv()
+            if request is None:
+                return
+            fd = reduction.recv_handle(conn)
+        except (EOFError, OSError):
+            return
+        pid = os.fork()
+        if pid == 0:  # the worker: serve on the pipe end the server sent
+            try:
+                conn.close()
+                worker_conn = Connection(fd)
+                _exit_with_parent(os.getppid())
+                _limit_memory(memory_limit_mb)
+                worker_conn.send(("ready", os.getpid(), 0.0))
+                _serve(worker_conn, backends, codecs)
+            finally:
+                os._exit(0)
+        os.close(fd)
+        conn.send(("forked", pid))
+
+
+def _probe_fork(backends: dict[str, SamplerBackend]) -> None:
+    """Raise unless a child forked now compiles every probe with every backend within the timeout."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for backend in backends.values():
+                for spec in _FORK_PROBES:
+                    backend.compile(spec)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    deadline = time.monotonic() + FORK_PROBE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise RuntimeError("a forked compile worker could not compile the probe grammars")
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise RuntimeError(f"a forked compile worker did not compile the probe grammars in {FORK_PROBE_TIMEOUT_S:g} s")
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -245,19 +323,84 @@ def _limit_memory(limit_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-class _Worker:
-    def __init__(self, blob: bytes, names: list[str], memory_limit_mb: int | None, index: int) -> None:
+class _Zygote:
+    """Parent side of the zygote process (`_zygote_main`): forks ready workers on request."""
+
+    def __init__(self, blob: bytes, names: list[str], memory_limit_mb: int | None) -> None:
         self.conn, child = _CTX.Pipe()
         self.process: SpawnProcess = _CTX.Process(
-            target=_worker_main,
-            args=(child, blob, names, memory_limit_mb),
-            name=f"corral-compile-{index}",
-            daemon=True,  # multiprocessing's atexit hook terminates daemonic children
+            target=_zygote_main, args=(child, blob, names, memory_limit_mb), name="corral-compile-zygote", daemon=True
         )
         self.process.start()
-        self._pid = self.process.pid  # kept: the process object is closed once the worker has ended
-        self._exitcode: int | None = None
         child.close()
+        self._lock = threading.Lock()  # one fork conversation at a time
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if self.ready:
+            return
+        if not self.conn.poll(timeout_s):
+            raise SandboxUnavailable(f"compile zygote did not start within {timeout_s:g} s")
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise SandboxUnavailable("compile zygote died while starting") from exc
+        if message[0] != "ready":
+            raise SandboxUnavailable(f"compile zygote failed to start: {message[1]}")
+        log.info("compile zygote %s ready (tables built in %.1f s): workers are forked from it", message[1], message[2])
+        self.ready = True
+
+    def fork(self, worker_end: Connection, timeout_s: float) -> int:
+        """A new worker serving on `worker_end` (the caller keeps the other end); returns its pid."""
+        pid = self.process.pid
+        assert pid is not None
+        with self._lock:
+            self.conn.send(("fork",))
+            reduction.send_handle(self.conn, worker_end.fileno(), pid)
+            if not self.conn.poll(timeout_s):
+                raise SandboxUnavailable(f"compile zygote did not fork within {timeout_s:g} s")
+            message = self.conn.recv()
+        forked: int = message[1]
+        return forked
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(None)
+        with contextlib.suppress(ValueError):
+            self.process.join(1)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+class _Worker:
+    """One compile worker: spawned (booting its own tables), or forked ready from the zygote."""
+
+    def __init__(
+        self, blob: bytes, names: list[str], memory_limit_mb: int | None, index: int, zygote: _Zygote | None = None
+    ) -> None:
+        self.conn, child = _CTX.Pipe()
+        self.process: SpawnProcess | None = None
+        self._exitcode: int | None = None
+        try:
+            if zygote is not None:
+                self._pid: int | None = zygote.fork(child, START_TIMEOUT_S)
+            else:
+                self.process = _CTX.Process(
+                    target=_worker_main,
+                    args=(child, blob, names, memory_limit_mb),
+                    name=f"corral-compile-{index}",
+                    daemon=True,  # multiprocessing's atexit hook terminates daemonic children
+                )
+                self.process.start()
+                self._pid = self.process.pid  # kept: the process object is closed once the worker has ended
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            child.close()
         self.ready = False
         # close() (server stopping) and the compile thread that sees the worker die both end it: close once.
         self._closing = threading.Lock()
@@ -271,10 +414,21 @@ class _Worker:
         return self._exitcode if self._exitcode is not None else self._live_exitcode()
 
     def _live_exitcode(self) -> int | None:
+        if self.process is None:  # forked: the zygote reaps it, so only "gone" is known
+            return self._exitcode
         try:
             return self.process.exitcode
         except ValueError:  # closed
             return self._exitcode
+
+    def _forked_alive(self) -> bool:
+        try:
+            os.kill(self._pid or 0, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # the pid was reused by another user's process: ours is gone
+            return False
+        return self._pid is not None
 
     def wait_ready(self, timeout_s: float) -> None:
         if self.ready:
@@ -299,20 +453,35 @@ class _Worker:
         return reply
 
     def kill(self) -> None:
-        with contextlib.suppress(ValueError):  # ValueError: already ended and closed
-            with contextlib.suppress(OSError):
-                self.process.kill()
-            self.process.join(5)
+        if self.process is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if self._pid is not None and self._forked_alive():
+                    os.kill(self._pid, signal.SIGKILL)
+                    self._exitcode = -signal.SIGKILL
+            deadline = time.monotonic() + 5  # as join(5) for a spawned one: gone (reaped) when we return
+            while self._forked_alive() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        else:
+            with contextlib.suppress(ValueError):  # ValueError: already ended and closed
+                with contextlib.suppress(OSError):
+                    self.process.kill()
+                self.process.join(5)
         self._close_conn()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.conn.send(None)
-        try:
-            self.process.join(1)
-            alive = self.process.is_alive()
-        except ValueError:  # already ended and closed
-            alive = False
+        if self.process is None:
+            deadline = time.monotonic() + 1
+            while self._forked_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            alive = self._forked_alive()
+        else:
+            try:
+                self.process.join(1)
+                alive = self.process.is_alive()
+            except ValueError:  # already ended and closed
+                alive = False
         if alive:
             self.kill()
         else:
@@ -325,16 +494,20 @@ class _Worker:
             # Release the process's own pipe (its sentinel) now: a cached refusal's traceback can keep this
             # worker referenced long after it died, and each kept one held file descriptors.
             code = self._live_exitcode()
-            if code is not None:
+            if code is not None and self.process is not None:
                 self._exitcode = code
                 with contextlib.suppress(ValueError):
                     self.process.close()
 
 
-def _stop_all(workers: list[_Worker]) -> None:
+def _stop_all(workers: list[_Worker], zygotes: list[_Zygote] | None = None) -> None:
     for worker in list(workers):
         worker.stop()
     workers.clear()
+    for zygote in list(zygotes or ()):
+        zygote.stop()
+    if zygotes is not None:
+        zygotes.clear()
 
 
 @dataclass(frozen=True)
@@ -356,6 +529,7 @@ class CompileSandbox:
         spares: int = 0,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         start_timeout_s: float = START_TIMEOUT_S,
+        fork_workers: bool = True,
     ) -> None:
         if workers < 1 or spares < 0:
             raise ValueError("a compile sandbox needs at least one worker (and no negative spares)")
@@ -377,7 +551,12 @@ class CompileSandbox:
         self._spawn_failed_at = 0.0  # monotonic time of that failure
         self._generation = 0  # bumped by close(): a worker that finishes booting after it is stopped
         self._started = self._killed = self._crashed = 0
-        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+        # Workers are forked from a zygote where the platform can (Linux); `_zygote_error` turns that off.
+        self._fork = fork_workers and hasattr(os, "fork") and hasattr(reduction, "send_handle")
+        self._zygotes: list[_Zygote] = []  # the live one, if any (a list: the finalizer holds it)
+        self._zygote_lock = threading.Lock()
+        self._zygote_error: str | None = None
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._zygotes)
 
     def handles(self, impl: SamplerBackend) -> bool:
         codec = self._codecs.get(impl.name)
@@ -417,7 +596,22 @@ class CompileSandbox:
             self._generation += 1
             _stop_all(self._workers)
             self._idle.clear()
+            zygotes = list(self._zygotes)
+            self._zygotes.clear()
             self._freed.notify_all()  # waiters for a worker see the close at once
+        for zygote in zygotes:
+            zygote.stop()
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The process new workers are forked from, once booted."""
+        with self._zygote_lock:
+            return self._zygotes[0].process.pid if self._zygotes and self._zygotes[0].ready else None
+
+    @property
+    def forking(self) -> bool:
+        """Whether new workers come from the zygote (else each is spawned and builds its own tables)."""
+        return self._fork and self._zygote_error is None
 
     def pids(self, *, ready_only: bool = False) -> list[int]:
         """Live workers' process ids (`ready_only`: those done building their tables)."""
@@ -542,7 +736,7 @@ class CompileSandbox:
                     self._blob = pickle.dumps(self.tokenizer)
                 blob, index, generation = self._blob, self._started, self._generation
                 self._started += 1
-            worker = _Worker(blob, self.names, self.memory_limit_mb, index)
+            worker = self._new_worker(blob, index)
         except Exception as exc:  # e.g. out of memory or process slots: say so, and let waiters know
             log.error("could not start a compile worker: %s: %s", type(exc).__name__, exc)
             with self._freed:
@@ -561,6 +755,45 @@ class CompileSandbox:
                 self._freed.notify()
         if stale:
             worker.stop()
+
+    def _new_worker(self, blob: bytes, index: int) -> _Worker:
+        zygote = self._ready_zygote(blob)
+        if zygote is not None:
+            try:
+                return _Worker(blob, self.names, self.memory_limit_mb, index, zygote)
+            except Exception as exc:
+                if zygote.process.is_alive():
+                    raise  # out of processes or memory: a spawn would fail the same way
+                # The zygote died (killed from outside?): spawn this worker; the next boots a new zygote.
+                log.warning("forking a compile worker failed (%s: %s); spawning one", type(exc).__name__, exc)
+                with self._zygote_lock:
+                    if zygote in self._zygotes:
+                        self._zygotes.remove(zygote)
+                zygote.stop()
+        return _Worker(blob, self.names, self.memory_limit_mb, index)
+
+    def _ready_zygote(self, blob: bytes) -> _Zygote | None:
+        """The zygote, booted on first use; None where forking is off or the zygote could not start."""
+        with self._zygote_lock:
+            if not self.forking or self._closed:
+                return None
+            zygote = self._zygotes[0] if self._zygotes else None
+            if zygote is not None and not zygote.process.is_alive():
+                self._zygotes.clear()
+                zygote.stop()
+                zygote = None
+            if zygote is None:
+                zygote = _Zygote(blob, self.names, self.memory_limit_mb)
+                self._zygotes.append(zygote)
+            try:
+                zygote.wait_ready(self.start_timeout_s)
+            except SandboxUnavailable as exc:
+                log.warning("compile workers are spawned one by one (no zygote): %s", exc)
+                self._zygote_error = str(exc)
+                self._zygotes.clear()
+                zygote.stop()
+                return None
+            return zygote
 
     def _replace(self, worker: _Worker, *, killed: bool, respawn: bool = True) -> None:
         if killed:

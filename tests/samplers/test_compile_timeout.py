@@ -180,6 +180,57 @@ def test_hostile_spec_is_refused_at_the_deadline_and_its_worker_killed(
     assert sandbox.stats.killed == kills + 1
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_killed_by_the_deadline_are_forked_again_from_the_zygote(
+    backend_set: BackendSet, xgr_sandbox: CompileSandbox
+) -> None:
+    """A compile bomb's worker is replaced by a fork of the zygote (tables already built), not by a new
+    process that builds them again: a flood of bombs costs their deadlines, not a boot each."""
+    spec, backend = HOSTILE["regex"]
+    xgr_sandbox.wait_ready()
+    zygote = xgr_sandbox.zygote_pid
+    assert xgr_sandbox.forking and zygote is not None
+    assert all(parent_of(pid) == zygote for pid in xgr_sandbox.pids())
+    before = set(xgr_sandbox.pids())
+    error, _ = timed_refusal(new_cache(backend_set, xgr_sandbox), spec, backend)
+    assert error.timed_out
+    xgr_sandbox.wait_ready()
+    replacement = set(xgr_sandbox.pids()) - before
+    assert len(replacement) == 1 and parent_of(replacement.pop()) == zygote
+    assert cpu_seconds(zygote) < 60, "the zygote only builds tables once and forks"
+
+
+def test_a_dead_zygote_is_booted_again_and_spawned_workers_still_work(
+    backend_set: BackendSet, tokenizer_spec: TokenizerSpec
+) -> None:
+    spawned = CompileSandbox(tokenizer_spec, ["xgrammar"], workers=1, fork_workers=False)
+    try:
+        cache = new_cache(backend_set, spawned, deadline=10.0)
+        assert cache.compile(GrammarSpec.regex("[a-c]{2}-spawned"), "xgrammar").backend == "xgrammar"
+        assert not spawned.forking and [parent_of(pid) for pid in spawned.pids()] == [os.getpid()]
+    finally:
+        spawned.close(final=True)
+    box = CompileSandbox(tokenizer_spec, ["xgrammar"], workers=1)
+    try:
+        box.wait_ready()
+        first = box.zygote_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        spec, backend = HOSTILE["regex"]
+        error, _ = timed_refusal(new_cache(backend_set, box), spec, backend)  # its worker dies: a new one
+        assert error.timed_out
+        box.wait_ready()
+        second = box.zygote_pid
+        assert second not in (None, first) and [parent_of(pid) for pid in box.pids()] == [second]
+        cache = new_cache(backend_set, box, deadline=10.0)
+        assert cache.compile(GrammarSpec.regex("[a-c]{2}-after"), "xgrammar").backend == "xgrammar"
+    finally:
+        box.close(final=True)
+
+
 def test_killed_workers_leave_no_file_descriptors_behind(backend_set: BackendSet, xgr_sandbox: CompileSandbox) -> None:
     """Each cached refusal keeps its traceback, and with it the killed worker: its process pipes must be
     released when it ends, or every compile bomb costs the server file descriptors for as long as it runs."""
