@@ -11,9 +11,13 @@ Design choices:
   backend: building the tokenizer tables costs seconds (llguidance ~4 s, xgrammar ~1 s for the 128k
   Llama-3 vocabulary), far too much to pay per compile. A worker reports "ready" only once its tables
   are built; waiting for that (or for a free worker) is not charged to the compile deadline.
-- A killed worker is replaced at once, so its successor boots in the background; and the pool keeps
-  `spares` workers beyond the compile parallelism (the server: one), so while that successor boots a
-  ready worker is still free: a compile bomb's kill never makes ordinary compiles wait for a boot.
+- Workers are forked from a zygote: one spawned process that builds the tables once and then forks a
+  ready worker on request (~0.1 s), so a worker killed by a compile bomb's deadline is replaced without
+  a new table build; a flood of bombs costs their deadlines, not a boot each. The zygote never compiles,
+  and proves at boot that a forked child compiles; if it cannot (or where fork is unavailable) workers
+  are spawned one by one as before. A killed worker is replaced at once in the background, and the pool
+  keeps `spares` workers beyond the compile parallelism (the server: one), so a compile bomb's kill
+  never makes ordinary compiles wait for a replacement.
 - A worker that cannot be spawned at all (no memory, no process slots) is not retried in a loop: a
   compile waiting for one is told at once (SandboxUnavailable), and a new spawn is tried only after
   RESPAWN_BACKOFF_S.
@@ -323,6 +327,19 @@ def _limit_memory(limit_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _await_ready(conn: Connection, what: str, timeout_s: float, exitcode: Callable[[], int | None]) -> tuple[Any, ...]:
+    """The ("ready", pid, seconds) message a starting process sends; SandboxUnavailable otherwise."""
+    if not conn.poll(timeout_s):
+        raise SandboxUnavailable(f"{what} did not start within {timeout_s:g} s")
+    try:
+        message: tuple[Any, ...] = conn.recv()
+    except (EOFError, OSError) as exc:
+        raise SandboxUnavailable(f"{what} died while starting (exit code {exitcode()})") from exc
+    if message[0] != "ready":
+        raise SandboxUnavailable(f"{what} failed to start: {message[1]}")
+    return message
+
+
 class _Zygote:
     """Parent side of the zygote process (`_zygote_main`): forks ready workers on request."""
 
@@ -339,14 +356,7 @@ class _Zygote:
     def wait_ready(self, timeout_s: float) -> None:
         if self.ready:
             return
-        if not self.conn.poll(timeout_s):
-            raise SandboxUnavailable(f"compile zygote did not start within {timeout_s:g} s")
-        try:
-            message = self.conn.recv()
-        except (EOFError, OSError) as exc:
-            raise SandboxUnavailable("compile zygote died while starting") from exc
-        if message[0] != "ready":
-            raise SandboxUnavailable(f"compile zygote failed to start: {message[1]}")
+        message = _await_ready(self.conn, "compile zygote", timeout_s, lambda: None)
         log.info("compile zygote %s ready (tables built in %.1f s): workers are forked from it", message[1], message[2])
         self.ready = True
 
@@ -433,14 +443,7 @@ class _Worker:
     def wait_ready(self, timeout_s: float) -> None:
         if self.ready:
             return
-        if not self.conn.poll(timeout_s):
-            raise SandboxUnavailable(f"compile worker did not start within {timeout_s:g} s")
-        try:
-            message = self.conn.recv()
-        except (EOFError, OSError) as exc:
-            raise SandboxUnavailable(f"compile worker died while starting (exit code {self.exitcode})") from exc
-        if message[0] != "ready":
-            raise SandboxUnavailable(f"compile worker failed to start: {message[1]}")
+        message = _await_ready(self.conn, "compile worker", timeout_s, lambda: self.exitcode)
         log.debug("compile worker %s ready (tables built in %.1f s)", message[1], message[2])
         self.ready = True
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 from pathlib import Path
 
-from benchmarks.projection.runner import DEFAULT_SHAPES, DTYPES, ProjectionResult, run_projection_bench
+from benchmarks.projection.runner import DEFAULT_SHAPES, DTYPES, run_projection_bench
+from benchmarks.timing_report import plot_pairs, write_results
 
 
 def add_projection_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,33 +69,11 @@ def run_projection(args: argparse.Namespace) -> int:
                       "oneDNN" if r.packed else "F.linear", f"{r.corral_ms:.3f}", f"{r.plain_ms:.3f}",
                       f"{r.speedup:.2f}×", f"{r.max_abs_diff:.1e}")
     console.print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({
-        "config": {"shapes": shapes, "dtypes": dtypes, "batches": batches, "repeats": args.repeats},
-        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "results": [r.as_dict() for r in results],
-    }, indent=2))
-    _plot(results, args.out / "projection.png")
-    console.print(f"wrote {args.out / 'results.json'}, {args.out / 'projection.png'}")
+    config = {"shapes": shapes, "dtypes": dtypes, "batches": batches, "repeats": args.repeats}
+    results_path = write_results(args.out, config, [r.as_dict() for r in results])
+    plot_pairs(args.out / "projection.png", [f"{r.shape} {r.dtype}\n{r.rows} rows" for r in results],
+               [r.plain_ms for r in results], [r.corral_ms for r in results],
+               reference_label="F.linear", corral_label="corral Projection", xlabel="CPU ms per call (log)")
+    console.print(f"wrote {results_path}, {args.out / 'projection.png'}")
     return 0
 
-
-def _plot(results: list[ProjectionResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r.shape} {r.dtype}\n{r.rows} rows" for r in results]
-    fig, ax = plt.subplots(figsize=(10, 0.4 * len(results) + 1.5))
-    y = range(len(results))
-    ax.barh([i + 0.2 for i in y], [r.plain_ms for r in results], height=0.4, label="F.linear", hatch="//")
-    ax.barh([i - 0.2 for i in y], [r.corral_ms for r in results], height=0.4, label="corral Projection")
-    ax.set_yticks(list(y), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("CPU ms per call (log)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 from pathlib import Path
 
-from benchmarks.sampler.runner import CONFIGS, SamplerResult, run_sampler_bench
+from benchmarks.sampler.runner import CONFIGS, run_sampler_bench
+from benchmarks.timing_report import plot_pairs, write_results
 
 DEFAULT_VOCAB = 128_257  # the embedded default model's (Llama 3 tokenizer)
 
@@ -55,33 +54,13 @@ def run_sampler(args: argparse.Namespace) -> int:
     for r in results:
         table.add_row(r.config, str(r.batch), f"{r.corral_ms:.2f}", f"{r.reference_ms:.2f}", f"{r.speedup:.1f}×")
     console.print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({
-        "config": {"vocab": args.vocab, "batches": batches, "repeats": args.repeats, "scale": args.scale},
-        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "results": [r.as_dict() for r in results],
-    }, indent=2))
-    _plot(results, args.out / "sampler.png")
-    console.print(f"wrote {args.out / 'results.json'}, {args.out / 'sampler.png'}")
+    results_path = write_results(
+        args.out, {"vocab": args.vocab, "batches": batches, "repeats": args.repeats, "scale": args.scale},
+        [r.as_dict() for r in results],
+    )
+    plot_pairs(args.out / "sampler.png", [f"{r.config}\nbatch {r.batch}" for r in results],
+               [r.reference_ms for r in results], [r.corral_ms for r in results],
+               reference_label="plain torch", corral_label="corral", xlabel="CPU ms per decode step (log)")
+    console.print(f"wrote {results_path}, {args.out / 'sampler.png'}")
     return 0
 
-
-def _plot(results: list[SamplerResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r.config}\nbatch {r.batch}" for r in results]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(results) + 1.5))
-    y = range(len(results))
-    ax.barh([i + 0.2 for i in y], [r.reference_ms for r in results], height=0.4, label="plain torch", hatch="//")
-    ax.barh([i - 0.2 for i in y], [r.corral_ms for r in results], height=0.4, label="corral")
-    ax.set_yticks(list(y), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("CPU ms per decode step (log)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
