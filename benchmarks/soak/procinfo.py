@@ -1,4 +1,4 @@
-"""Resident memory and open file descriptors of a local process (and its children), read from /proc."""
+"""Resident memory and open file descriptors of a local process (and its descendants), read from /proc."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ PROC = Path("/proc")
 class ProcessSample:
     rss_mb: float  # the server process itself
     fds: int
-    children: int  # compile workers and other child processes
-    children_rss_mb: float
+    children: int  # descendants: the compile zygote, the workers it forked, other child processes
+    children_rss_mb: float  # their summed RSS (forked workers share pages with the zygote: an upper bound)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -28,7 +28,7 @@ def sample(pid: int) -> ProcessSample | None:
         fds = len(os.listdir(PROC / str(pid) / "fd"))
     except OSError:
         return None
-    kids = _children(pid)
+    kids = _descendants(pid)
     kids_rss = 0.0
     for kid in kids:
         try:
@@ -43,6 +43,16 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise OSError(f"no VmRSS for {pid}")
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = _children(pid)
+    while stack:
+        kid = stack.pop()
+        found.append(kid)
+        stack += _children(kid)
+    return found
 
 
 def _children(pid: int) -> list[int]:
