@@ -39,10 +39,11 @@ def sparse_rows(
     found: dict[int, np.ndarray] = {}
     for row in rows:
         row_words = words[row]
-        if np.count_nonzero(row_words) > limit:  # each non-zero word allows at least one token
+        # An exact count first (a popcount): unpacking a row that allows most of the vocabulary costs ~1 ms.
+        if int(np.bitwise_count(row_words.view(np.uint32)).sum()) > limit:
             continue
         ids = allowed_ids(row_words, vocab_size)
-        if len(ids) <= limit:
+        if len(ids) <= limit:  # bits past the vocabulary were counted above
             found[row] = ids
     return found
 
