@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
 from server.models.projection import Projection
+from server.models.split_projection import head_projection
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class LlamaFamilyModel(torch.nn.Module):
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
         # grammar-restricted row computes its few allowed logits from it (restricted_logits).
-        self.head = Projection(self.embed if head is None else head, keep_plain=True)
+        self.head = head_projection(self.embed if head is None else head)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq.to(self.embed.device), persistent=False)
         self.rope_scale = rope_scale

@@ -18,7 +18,7 @@ import torch
 
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.prefix_cache import BLOCK_SIZE
-from server.models import projection
+from server.models import projection, split_projection
 from server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
 from server.models.loading import LoadedModel
 
@@ -82,7 +82,7 @@ class Checkpoint:
                 ids=lambda p: f"{p[0]}-{'onednn' if p[1] else 'plain'}")
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     """Each config twice: with the small weights on F.linear (as served), and with every projection
-    forced onto the oneDNN-packed path that real-sized weights take on CPU."""
+    forced onto the oneDNN-packed path that real-sized weights take on CPU, the head split in slices."""
     from transformers import AutoModelForCausalLM
 
     name, packed = request.param
@@ -104,10 +104,11 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     with pytest.MonkeyPatch.context() as patch:
         if packed:
             patch.setattr(projection, "PACK_MIN_ELEMENTS", 0)
+            patch.setattr(split_projection, "SPLIT_MIN_ELEMENTS", 0)  # the head in slices, as served
         ours = load_llama_family(model_dir, model.config, torch.float32, torch.device("cpu"))
     if packed and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN: the packed path is not taken")
-    assert ours.head.packed == packed
+    assert ours.head.packed == packed and isinstance(ours.head, split_projection.SplitProjection) == packed
     loaded = LoadedModel(
         model=ours,
         tokenizer=None,
