@@ -61,8 +61,14 @@ class _Slices:
         self._lock = threading.Lock()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        # Inference mode is per thread: a helper writing into the caller's (inference) output must be in it too.
+        self._inference = torch.is_inference_mode_enabled()
 
     def work(self) -> None:
+        with torch.inference_mode(self._inference):
+            self._claim_and_compute()
+
+    def _claim_and_compute(self) -> None:
         while True:
             with self._lock:
                 index = self._next

@@ -58,3 +58,23 @@ def test_an_error_in_a_slice_reaches_the_caller(one_thread: None) -> None:
 def test_only_large_cpu_heads_are_split() -> None:
     assert isinstance(head_projection(torch.randn(128_257, 64)), SplitProjection)
     assert isinstance(head_projection(torch.randn(512, 64)), Projection)
+
+
+@pytest.mark.parametrize("inference", [True, False])
+def test_a_slice_taken_by_another_thread_writes_the_callers_output(inference: bool) -> None:
+    """The engine steps under torch.inference_mode, which is per thread: the helper must match it."""
+    import threading
+
+    from server.models.split_projection import _Slices
+
+    weight = torch.randn(9_001, 64)  # slices above the packing threshold, like the whole
+    split = SplitProjection(weight)
+    x = torch.randn(3, 64)
+    with torch.inference_mode(inference):
+        out = torch.empty(3, 9_001)
+        slices = _Slices(split.parts, split.bounds, x, out)
+    helper = threading.Thread(target=slices.work)  # takes every slice, as a helper with a free core may
+    helper.start()
+    helper.join(30)
+    assert slices.done.is_set() and slices.error is None
+    assert torch.equal(out, Projection(weight)(x))
