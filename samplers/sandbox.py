@@ -432,6 +432,11 @@ class _Worker:
             return self._exitcode
 
     def _forked_alive(self) -> bool:
+        if self._pid is not None and os.getpid() == 1:
+            # In a container the server can be PID 1: a worker whose zygote died is then our child, and only
+            # we can reap it (else it stays a zombie that os.kill still finds).
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self._pid, os.WNOHANG)
         try:
             os.kill(self._pid or 0, 0)
         except ProcessLookupError:

@@ -401,3 +401,22 @@ def test_final_close_ends_compiles_in_flight_and_refuses_new_ones(
     assert box.pids() == [] and sum(t.name == "corral-compile-spawn" for t in threading.enumerate()) <= spawns
     later, elapsed = timed_refusal(cache, GrammarSpec.regex("a+b"), "xgrammar")
     assert "shutting down" in str(later) and elapsed < 1.0
+
+
+def test_a_worker_orphaned_to_a_pid_1_server_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container the server is PID 1: a worker whose zygote died becomes its child, and a zombie
+    unless the server reaps it (os.kill finds zombies, so the worker would look alive for ever)."""
+    from samplers.sandbox import _Worker
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # exited, not reaped: a zombie
+    worker = _Worker.__new__(_Worker)
+    worker._pid = child.pid
+    assert worker._forked_alive(), "a zombie answers os.kill(pid, 0)"
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    assert not worker._forked_alive()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # already reaped
+    child.returncode = 0  # Popen would otherwise try to reap it again
