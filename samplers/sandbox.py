@@ -5,8 +5,9 @@ keeps burning a core after its caller gave up. So the expensive part runs in a s
 processes; a compile that overruns its deadline is SIGKILLed and its worker replaced.
 
 Design choices:
-- "spawn", never "fork": the server has threads (event loop, engine, compile pool) and forking a
-  threaded process can deadlock the child on a lock some other thread held.
+- The server never forks itself: it has threads (event loop, engine, compile pool) and forking a threaded
+  process can deadlock the child on a lock some other thread held. It spawns; only the zygote (below), a
+  spawned process that runs nothing but idle library threads, forks.
 - Persistent workers (default 2, the server's compile parallelism), each holding every enabled built-in
   backend: building the tokenizer tables costs seconds (llguidance ~4 s, xgrammar ~1 s for the 128k
   Llama-3 vocabulary), far too much to pay per compile. A worker reports "ready" only once its tables
