@@ -4,10 +4,12 @@ Layout per layer: [slots, max_len, kv_heads, head_dim]. A step's new keys and va
 `index_copy_` per layer (flat index slot * max_len + position). Attention then reads each row's keys in
 place, as a strided view of its slot:
 
-- one-token rows (decode) share one SDPA call over the view of the slot range they occupy, with a length
-  mask per slot; query heads of a GQA group are folded into the query axis, so no key is repeated;
-- rows carrying several tokens (a prompt, forced tokens after a grammar jump, a re-fed token after a
-  revision) attend one by one with their own causal mask: no row is ever padded to another's length.
+- rows feeding at most SHORT_ROW_MAX tokens (a decode token, a token plus its grammar-forced continuation,
+  a re-fed token after a revision) share one SDPA call over the view of the slot range they occupy, each
+  query with its own causal length; query heads of a GQA group are folded into the query axis, so no key
+  is repeated; a shorter row's missing queries are padding whose output is dropped;
+- longer rows (prompts) attend one by one with their own causal mask: a prompt is never padded to
+  another's length, nor another row to a prompt's.
 
 Rolling a row back is lowering its length; positions past it are masked and later overwritten.
 """
@@ -30,17 +32,24 @@ class _MultiRow:
     mask: torch.Tensor | None  # [count, length] causal mask; None: the row starts at 0 (plain causal)
 
 
+# Rows feeding up to this many tokens share the batched call. Forced continuations are mostly 2-8 tokens;
+# a prompt padded into the batch would make every other row's query block as long as it.
+SHORT_ROW_MAX = 16
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything about a step's layout that every layer shares, computed once per step."""
 
     write_index: torch.Tensor  # [T] flat slot * max_len + position
-    decode_tokens: torch.Tensor | None  # [D] pack indices of one-token rows
+    decode_tokens: torch.Tensor | None  # [D] pack indices of the short rows' tokens
     decode_slots: torch.Tensor | None  # [D] their slots, relative to `slot_lo`
+    decode_query: torch.Tensor | None  # [D] each token's index within its row (its query block row)
     slot_lo: int
     slot_count: int
-    span: int  # longest key length among decode rows
-    decode_mask: torch.Tensor | None  # [slot_count, 1, 1, span]
+    span: int  # longest key length among short rows
+    queries: int  # longest short row (the query block's length)
+    decode_mask: torch.Tensor | None  # [slot_count, 1, queries * group, span]
     multi: tuple[_MultiRow, ...]
 
 
@@ -82,13 +91,13 @@ class InPlaceKVCache:
             )
             slot_of = torch.tensor([s for s, n in zip(slots, counts, strict=True) for _ in range(n)], device=device)
         write_index = slot_of * self.max_len + positions
-        decode = [i for i, n in enumerate(counts) if n == 1]
+        short = [i for i, n in enumerate(counts) if n <= SHORT_ROW_MAX]
         multi: list[_MultiRow] = []
         offset = 0
         offsets = []
         for i, n in enumerate(counts):
             offsets.append(offset)
-            if n > 1:
+            if n > SHORT_ROW_MAX:
                 length = starts[i] + n
                 mask = None
                 if starts[i] > 0:
@@ -96,20 +105,39 @@ class InPlaceKVCache:
                     mask = self._positions[None, :length] <= query_pos[:, None]
                 multi.append(_MultiRow(offset, n, slots[i], length, mask))
             offset += n
-        decode_tokens = decode_slots = decode_mask = None
-        slot_lo = slot_count = span = 0
-        if decode:
-            decode_slot_list = [slots[i] for i in decode]
-            slot_lo = min(decode_slot_list)
-            slot_count = max(decode_slot_list) - slot_lo + 1
-            span = max(starts[i] for i in decode) + 1
-            lengths = torch.ones(slot_count, dtype=torch.long)  # slots without a decode row: any 1 key
-            lengths[[s - slot_lo for s in decode_slot_list]] = torch.tensor([starts[i] + 1 for i in decode])
-            decode_mask = (self._positions[None, :span] < lengths.to(device)[:, None])[:, None, None, :]
-            decode_tokens = torch.tensor([offsets[i] for i in decode], device=device)
-            decode_slots = torch.tensor([s - slot_lo for s in decode_slot_list], device=device)
+        decode_tokens = decode_slots = decode_query = decode_mask = None
+        slot_lo = slot_count = span = queries = 0
+        if short:
+            short_slots = [slots[i] for i in short]
+            slot_lo = min(short_slots)
+            slot_count = max(short_slots) - slot_lo + 1
+            span = max(starts[i] + counts[i] for i in short)
+            queries = max(counts[i] for i in short)
+            # Keys each query sees: its own position + 1. Padding queries (and slots without a row) see key 0
+            # only, so their softmax stays finite; their outputs are never read.
+            seen = [[1] * queries for _ in range(slot_count)]
+            for i in short:
+                seen[slots[i] - slot_lo][: counts[i]] = range(starts[i] + 1, starts[i] + 1 + counts[i])
+            lengths = torch.tensor(seen)
+            group = self.num_heads // self.num_kv_heads
+            visible = self._positions[None, None, :span] < lengths.to(device)[:, :, None]  # [slots, Q, span]
+            decode_mask = visible[:, None, :, None, :].expand(-1, 1, -1, group, -1).reshape(
+                slot_count, 1, queries * group, span
+            )
+            decode_tokens = torch.tensor([offsets[i] + j for i in short for j in range(counts[i])], device=device)
+            decode_slots = torch.tensor([slots[i] - slot_lo for i in short for _ in range(counts[i])], device=device)
+            decode_query = torch.tensor([j for i in short for j in range(counts[i])], device=device)
         self._plan = StepPlan(
-            write_index, decode_tokens, decode_slots, slot_lo, slot_count, span, decode_mask, tuple(multi)
+            write_index,
+            decode_tokens,
+            decode_slots,
+            decode_query,
+            slot_lo,
+            slot_count,
+            span,
+            queries,
+            decode_mask,
+            tuple(multi),
         )
         return self._plan
 
@@ -122,18 +150,22 @@ class InPlaceKVCache:
         k_buf.view(flat).index_copy_(0, plan.write_index, k.to(k_buf.dtype))
         v_buf.view(flat).index_copy_(0, plan.write_index, v.to(v_buf.dtype))
         out = torch.empty_like(q)
-        if plan.decode_tokens is not None and plan.decode_slots is not None:
+        if plan.decode_tokens is not None and plan.decode_slots is not None and plan.decode_query is not None:
             group = self.num_heads // self.num_kv_heads
             lo, hi = plan.slot_lo, plan.slot_lo + plan.slot_count
             # [slots, kv_heads, span, head_dim] views of the slots' regions: no copy.
             keys = k_buf[lo:hi, : plan.span].transpose(1, 2)
             values = v_buf[lo:hi, : plan.span].transpose(1, 2)
-            query = q.new_zeros(plan.slot_count, self.num_kv_heads, group, self.head_dim)
-            query[plan.decode_slots] = q.index_select(0, plan.decode_tokens).view(
-                -1, self.num_kv_heads, group, self.head_dim
+            # Query block per slot: [slots, kv_heads, queries, group, head_dim], flattened to queries * group.
+            query = q.new_zeros(plan.slot_count, self.num_kv_heads, plan.queries, group, self.head_dim)
+            picked = q.index_select(0, plan.decode_tokens).view(-1, self.num_kv_heads, group, self.head_dim)
+            query[plan.decode_slots, :, plan.decode_query] = picked
+            flat_query = query.view(plan.slot_count, self.num_kv_heads, plan.queries * group, self.head_dim)
+            attn = F.scaled_dot_product_attention(flat_query, keys, values, attn_mask=plan.decode_mask)
+            attn = attn.view(plan.slot_count, self.num_kv_heads, plan.queries, group, self.head_dim)
+            out[plan.decode_tokens] = attn[plan.decode_slots, :, plan.decode_query].reshape(
+                -1, self.num_heads, self.head_dim
             )
-            attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=plan.decode_mask)
-            out[plan.decode_tokens] = attn.index_select(0, plan.decode_slots).view(-1, self.num_heads, self.head_dim)
         for row in plan.multi:
             end = row.offset + row.count
             query = q[row.offset : end].transpose(0, 1)[None]
