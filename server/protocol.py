@@ -10,7 +10,22 @@ from server.errors import error_body as error_body  # the error shape lives in s
 from server.openai.fields import Endpoint, screen
 
 
-class _Request(BaseModel):
+class LegacyConstraintFields(BaseModel):
+    """vLLM's older constraint names, mapped onto structured_outputs (grammars/request.py)."""
+
+    guided_json: Any = None
+    guided_json_object: Any = None
+    guided_choice: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+
+    def legacy_constraint(self) -> dict[str, Any]:
+        """The guided_* fields the request carries, by name."""
+        return {name: getattr(self, name) for name in LEGACY_FIELDS if getattr(self, name) is not None}
+
+
+class _Request(LegacyConstraintFields):
     # Every field is listed in server/openai/fields.py; `screen` refuses or drops what is not declared here.
     model_config = ConfigDict(extra="forbid")
     ENDPOINT: ClassVar[Endpoint]
@@ -35,22 +50,11 @@ class _Request(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     ignore_eos: bool = False
     max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
-    # vLLM's older constraint names, mapped onto structured_outputs (grammars/request.py)
-    guided_json: Any = None
-    guided_json_object: Any = None
-    guided_choice: Any = None
-    guided_regex: Any = None
-    guided_grammar: Any = None
-    guided_decoding_backend: Any = None
 
     @model_validator(mode="before")
     @classmethod
     def _screen(cls, data: Any) -> Any:
         return screen(data, cls.ENDPOINT)
-
-    def legacy_constraint(self) -> dict[str, Any]:
-        """The guided_* fields the request carries, by name."""
-        return {name: getattr(self, name) for name in LEGACY_FIELDS if getattr(self, name) is not None}
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from grammars.enforcement import keyword_enforcement
 from grammars.request import parse_constraint
@@ -17,11 +17,11 @@ from server.errors import ApiError, bad_request
 from server.openai.finish import FinishReason
 from server.openai.modes import MODES
 from server.openai.tools import parse_tools, tool_constraint
-from server.protocol import LEGACY_FIELDS
+from server.protocol import LegacyConstraintFields
 from server.serving import Service
 
 
-class GrammarRequest(BaseModel):
+class GrammarRequest(LegacyConstraintFields):
     """The constraint fields of a chat request, and nothing else."""
 
     model_config = ConfigDict(extra="forbid")
@@ -32,12 +32,6 @@ class GrammarRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    guided_json: Any = None
-    guided_json_object: Any = None
-    guided_choice: Any = None
-    guided_regex: Any = None
-    guided_grammar: Any = None
-    guided_decoding_backend: Any = None
 
 
 def grammar_routes(service: Service) -> APIRouter:
@@ -63,7 +57,7 @@ def grammar_routes(service: Service) -> APIRouter:
     async def compile_grammar(req: GrammarRequest) -> dict[str, Any]:
         if not service.ready:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
-        legacy = {name: getattr(req, name) for name in LEGACY_FIELDS if getattr(req, name, None) is not None}
+        legacy = req.legacy_constraint()
         try:
             constraint = parse_constraint(req.response_format, req.structured_outputs, legacy)
             tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
