@@ -13,6 +13,8 @@ from enum import StrEnum
 import numpy as np
 import torch
 
+from samplers.bitmask import allowed_ids
+
 
 class Trip(StrEnum):
     COMPILE_TIMEOUT = "compile_timeout"  # the grammar did not compile within its deadline (a 400)
@@ -107,19 +109,11 @@ def few_allowed(bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, lim
     counts = np.count_nonzero(masks[: max(rows) + 1], axis=1)
     found: dict[int, list[int]] = {}
     for row in rows:
-        if counts[row] > limit:
+        if counts[row] > limit:  # each non-zero word allows at least one token
             continue
-        tokens: list[int] = []
-        for word in np.flatnonzero(masks[row]).tolist():
-            bits = int(masks[row, word]) & 0xFFFFFFFF
-            while bits and len(tokens) <= limit:
-                low = bits & -bits
-                token = word * 32 + low.bit_length() - 1
-                if token < vocab_size:
-                    tokens.append(token)
-                bits ^= low
+        tokens = allowed_ids(masks[row], vocab_size)
         if len(tokens) <= limit:
-            found[row] = tokens
+            found[row] = tokens.tolist()
     return found
 
 
