@@ -29,23 +29,42 @@ def allowed_ids(words: np.ndarray, vocab_size: int) -> np.ndarray:
     return below
 
 
+def allowed_counts(bitmask: torch.Tensor, rows: Sequence[int]) -> list[int]:
+    """How many bits each of `rows` has set (one vectorised popcount over all of them)."""
+    if not rows:
+        return []
+    words = bitmask.numpy()[list(rows)].view(np.uint32)
+    counts: list[int] = np.bitwise_count(words).sum(axis=1, dtype=np.int64).tolist()
+    return counts
+
+
+def unpack_rows(
+    bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, max_ids: int
+) -> tuple[dict[int, int], dict[int, np.ndarray]]:
+    """Each of `rows`' count of set bits, and the allowed ids of those that allow at most `max_ids` tokens.
+    The count comes first: unpacking a row that allows most of the vocabulary costs ~1 ms."""
+    counts = dict(zip(rows, allowed_counts(bitmask, rows), strict=True))
+    words = bitmask.numpy()
+    found: dict[int, np.ndarray] = {}
+    for row in rows:
+        if counts[row] <= max_ids:
+            ids = allowed_ids(words[row], vocab_size)
+            if len(ids) <= max_ids:  # bits past the vocabulary were counted above
+                found[row] = ids
+    return counts, found
+
+
 def sparse_rows(
     bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, max_ids: int | None = None
 ) -> dict[int, np.ndarray]:
     """The allowed ids of each of `rows` whose mask allows at most `max_ids` tokens (default: vocab / 16),
     found without unpacking the rows that allow many (those are left out)."""
-    limit = vocab_size // 16 if max_ids is None else max_ids
-    words = bitmask.numpy()
-    found: dict[int, np.ndarray] = {}
-    for row in rows:
-        row_words = words[row]
-        # An exact count first (a popcount): unpacking a row that allows most of the vocabulary costs ~1 ms.
-        if int(np.bitwise_count(row_words.view(np.uint32)).sum()) > limit:
-            continue
-        ids = allowed_ids(row_words, vocab_size)
-        if len(ids) <= limit:  # bits past the vocabulary were counted above
-            found[row] = ids
-    return found
+    return unpack_rows(bitmask, rows, vocab_size, sparse_limit(vocab_size) if max_ids is None else max_ids)[1]
+
+
+def sparse_limit(vocab_size: int) -> int:
+    """Most allowed tokens a row may have to count as sparse (its head and mask are then done per id)."""
+    return vocab_size // 16
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:

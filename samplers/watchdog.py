@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
 import torch
 
-from samplers.bitmask import allowed_ids
+from samplers.bitmask import unpack_rows
 
 
 class Trip(StrEnum):
@@ -83,6 +82,10 @@ class StallDetector:
         self._chosen.clear()
 
 
+# A row allowing at most this many tokens is checked for a dictated choice (see `dictated`).
+FEW_ALLOWED = 16
+
+
 def dictated(token: int, allowed: Sequence[int] | None, text: Callable[[int], str]) -> bool:
     """Whether sampling `token` was no choice: `allowed` (the tokens the mask allowed, when few; None when
     many) all spell the same text as far as they go, so whichever the model took, the answer reads the same.
@@ -100,21 +103,12 @@ def dictated(token: int, allowed: Sequence[int] | None, text: Callable[[int], st
     return True
 
 
-def few_allowed(bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, limit: int = 16) -> dict[int, list[int]]:
+def few_allowed(
+    bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, limit: int = FEW_ALLOWED
+) -> dict[int, list[int]]:
     """The allowed token ids of each of `rows` whose mask allows at most `limit` tokens (the rest are left
     out: a wide mask is a choice). One vectorised count finds the candidate rows; only those are unpacked."""
-    if not rows:
-        return {}
-    masks = bitmask.numpy()  # the CPU int32 bitmask, viewed (no copy)
-    counts = np.count_nonzero(masks[: max(rows) + 1], axis=1)
-    found: dict[int, list[int]] = {}
-    for row in rows:
-        if counts[row] > limit:  # each non-zero word allows at least one token
-            continue
-        tokens = allowed_ids(masks[row], vocab_size)
-        if len(tokens) <= limit:
-            found[row] = tokens.tolist()
-    return found
+    return {row: ids.tolist() for row, ids in unpack_rows(bitmask, rows, vocab_size, limit)[1].items()}
 
 
 class MaskBudget:

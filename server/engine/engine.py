@@ -11,12 +11,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from samplers.bitmask import apply_bitmask, sparse_rows
+from samplers.bitmask import apply_bitmask, sparse_limit, unpack_rows
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
 from samplers.revision import ChoiceProbe, RevisionTracker
-from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated, few_allowed
+from samplers.watchdog import FEW_ALLOWED, MaskBudget, StallDetector, Trip, WatchdogLimits, dictated
 from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.sampling import make_generator, sample_rows
@@ -118,7 +119,9 @@ class Engine:
         live = self._apply_masks(logits, batch, settled)
         rows = [batch[i] for i in live]
         histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
-        sampled = sample_rows(logits[live], [s.params for s in rows], [s.generator for s in rows], histories)
+        # All rows live is the usual step: sample in place rather than copy [B, vocab] logits.
+        picked = logits if len(live) == len(batch) else logits[live]
+        sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories)
         for seq, token, logprob in zip(rows, sampled.tokens, sampled.logprobs, strict=True):
             if token == self.revise_id:
                 self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
@@ -203,28 +206,39 @@ class Engine:
             return _SettledMasks([], {}, set(), set(), {})
         per_row, failed = masks.result()
         rows = sorted(per_row)
-        watched = [row for row in rows if batch[row].stall is not None]
-        narrow = few_allowed(self._bitmask, watched, self._vocab)
-        self._narrow = {batch[row]: allowed for row, allowed in narrow.items()}
+        # One popcount over the step's rows; only rows that allow few tokens are unpacked (those the watchdog
+        # checks for a dictated choice, and, when the head can be cut, those it cuts).
+        most = max(sparse_limit(self._vocab), FEW_ALLOWED) if restrictable else FEW_ALLOWED
+        counts, unpacked = unpack_rows(self._bitmask, rows, self._vocab, most)
+        self._narrow = {
+            batch[row]: ids.tolist()
+            for row, ids in unpacked.items()
+            if len(ids) <= FEW_ALLOWED and batch[row].stall is not None
+        }
         overran: set[int] = set()
         dead_ends: set[int] = set()
+        revisable: set[int] = set()
         for row in rows:
             seq = batch[row]
             seq.stats.mask_us.append(per_row[row])
             assert seq.mask_budget is not None
             if seq.mask_budget.record(per_row[row]):
                 overran.add(row)
-            elif not bool(self._bitmask[row].any()):
+            elif counts[row] == 0:
                 dead_ends.add(row)  # backtrack: the grammar allows nothing here
             elif self.revise_id is not None and seq.revision.can_revise():
                 _set_bit(self._bitmask, row, self.revise_id)  # revision stays possible under any grammar
+                revisable.add(row)
         settled = _SettledMasks(rows, failed, overran, dead_ends, {})
         if restrictable:
             # A row that ends here needs no logits at all; a sparse one only its allowed ids.
             dead = settled.dead
             settled.restricted.update({row: _NO_TOKENS for row in dead})
-            live_rows = [row for row in rows if row not in dead]
-            for row, ids in sparse_rows(self._bitmask, live_rows, self._vocab).items():
+            for row, ids in unpacked.items():
+                if row in dead:
+                    continue
+                if row in revisable and self.revise_id is not None and self.revise_id < self._vocab:
+                    ids = np.union1d(ids, np.array([self.revise_id], dtype=ids.dtype))
                 settled.restricted[row] = torch.from_numpy(ids)
         return settled
 
