@@ -238,7 +238,8 @@ class Engine:
                 if row in dead:
                     continue
                 if row in revisable and self.revise_id is not None and self.revise_id < self._vocab:
-                    ids = np.union1d(ids, np.array([self.revise_id], dtype=ids.dtype))
+                    # Unsorted and maybe repeated is fine: the head computes each listed id (a sort cost more).
+                    ids = np.append(ids, self.revise_id)
                 settled.restricted[row] = torch.from_numpy(ids)
         return settled
 
