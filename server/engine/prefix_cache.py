@@ -83,6 +83,22 @@ class PrefixCache:
         self.on_lookup(len(prompt), hit)
         return slot, hit
 
+    def worth_waiting(self, prompt: Sequence[int], computing: Sequence[Sequence[int]]) -> bool:
+        """Whether `prompt` should wait one step: a prompt admitted in this step (`computing`, not written yet)
+        shares more of its full blocks than the cache holds now. Next step they are cached and copied, so
+        `n` samples of one prompt, or requests arriving together with one system prompt, compute it once."""
+        if not self.enabled or not computing:
+            return False
+        usable = (len(prompt) - 1) // BLOCK_SIZE  # the last token is fed anyway: blocks before it
+        if usable == 0:
+            return False
+        digests = block_digests(prompt, usable)
+        cached = 0
+        while cached < usable and digests[cached] in self._holders:
+            cached += 1
+        limit = (cached + 1) * BLOCK_SIZE  # sharing at least one more block than the cache already gives
+        return any(_common_prefix(prompt, other, limit) >= limit for other in computing)
+
     def release(self, slot: int) -> None:
         """The slot's sequence ended; its KV stays findable until the slot is reused."""
         self._released.pop(slot, None)
@@ -133,3 +149,12 @@ class PrefixCache:
                 if not holders:
                     del self._holders[digest]
         del self._digests[slot][keep:]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of `a` and `b`, counted up to `limit`."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -16,6 +16,8 @@ class SlotPlacer(Protocol):
 
     def release(self, slot: int) -> None: ...
 
+    def worth_waiting(self, prompt: Seq[int], computing: Seq[Seq[int]]) -> bool: ...
+
 
 class Scheduler:
     def __init__(self, max_batch: int, prefill_token_budget: int = 8192, placer: SlotPlacer | None = None) -> None:
@@ -33,21 +35,35 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Sequence]:
-        """Admit waiting sequences into free slots (bounded prefill per step), return the batch."""
+        """Admit waiting sequences into free slots (bounded prefill per step), return the batch. A fresh
+        prompt that shares its prefix with one admitted in this same step waits one step (see
+        `SlotPlacer.worth_waiting`); the ones behind it are not held up."""
         budget = self.prefill_token_budget
+        computing: list[list[int]] = []  # prompts admitted this step whose KV is not written yet
+        deferred: list[Sequence] = []
         while self.waiting and self._free_slots:
             seq = self.waiting[0]
             if budget < len(seq.pending) and budget != self.prefill_token_budget:
                 break  # a long prompt waits for the next step rather than stalling everyone now
             self.waiting.popleft()
+            if self._fresh(seq) and self.placer is not None and self.placer.worth_waiting(seq.prompt_ids, computing):
+                deferred.append(seq)
+                continue
             self._place(seq)
             budget -= len(seq.pending)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if seq.pending and len(seq.pending) > 1:
+                computing.append(seq.prompt_ids)
+        self.waiting.extendleft(reversed(deferred))  # at the front again, in their order
         return list(self.running)
 
+    def _fresh(self, seq: Sequence) -> bool:
+        """Not started yet: its whole prompt is still to be placed (not a resumed or revised sequence)."""
+        return not seq.num_cached and not seq.output_ids
+
     def _place(self, seq: Sequence) -> None:
-        if self.placer is None or seq.num_cached or seq.output_ids:
+        if self.placer is None or not self._fresh(seq):
             seq.slot = self._free_slots.pop()
             return
         seq.slot, hit = self.placer.place(seq.prompt_ids, self._free_slots)

@@ -7,6 +7,7 @@ import pytest
 from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
 from server.engine import Sequence as Seq
 from server.engine.prefix_cache import BLOCK_SIZE, PrefixCache
+from server.engine.scheduler import Scheduler
 from server.models import LoadedModel, load_model
 
 SYSTEM = "You are a careful assistant that answers in JSON. " * 6
@@ -78,3 +79,67 @@ def test_rewritten_blocks_are_forgotten_and_slots_reused_in_place() -> None:
     sibling, hit = cache.place(prompt, [1])
     assert hit == len(prompt) - 1
     assert kv.copies == [(other, sibling, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(3)]
+
+
+def _seq(name: str, prompt: list[int]) -> Seq:
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    return Seq(request_id=name, prompt_ids=prompt, params=params, sink=lambda out: None, streaming=False)
+
+
+def test_prompts_arriving_together_compute_their_shared_prefix_once() -> None:
+    kv = _Copies()
+    cache = PrefixCache(4, kv)
+    scheduler = Scheduler(4, placer=cache)
+    prompt = list(range(2 * BLOCK_SIZE + 8))
+    first, sibling, other, twin = _seq("a", prompt), _seq("b", prompt), _seq("c", [7] * 40), _seq("d", prompt)
+    for seq in (first, sibling, other, twin):
+        scheduler.add(seq)
+    batch = scheduler.schedule()
+    # The siblings wait one step for the first one's KV; the unrelated prompt behind them does not.
+    assert batch == [first, other]
+    assert list(scheduler.waiting) == [sibling, twin]
+    cache.written(first.slot, 0, first.pending)
+    cache.written(other.slot, 0, other.pending)
+    batch = scheduler.schedule()
+    assert batch == [first, other, sibling, twin]
+    for seq in (sibling, twin):
+        assert seq.num_cached == 2 * BLOCK_SIZE and seq.pending == prompt[2 * BLOCK_SIZE :]
+    assert {(src, start) for src, _, start, _ in kv.copies} == {(first.slot, 0), (first.slot, BLOCK_SIZE)}
+
+
+def test_short_or_already_cached_prompts_do_not_wait() -> None:
+    cache = PrefixCache(6, _Copies())
+    scheduler = Scheduler(6, placer=cache)
+    short = [1] * BLOCK_SIZE  # no full block before its last token: nothing to share
+    pair = [_seq("a", short), _seq("b", short)]
+    for seq in pair:
+        scheduler.add(seq)
+    assert scheduler.schedule() == pair
+    # A prompt whose shared blocks are all cached already gains nothing by waiting.
+    long = list(range(3 * BLOCK_SIZE))
+    held = _seq("c", long)
+    scheduler.add(held)
+    scheduler.schedule()
+    cache.written(held.slot, 0, held.pending)
+    again = [_seq("d", [*long, 1, 2]), _seq("e", [*long, 3, 4])]
+    for seq in again:
+        scheduler.add(seq)
+    assert scheduler.schedule()[-2:] == again
+
+
+def test_n_samples_admitted_together_decode_as_without_the_cache(loaded: LoadedModel) -> None:
+    prompt = _prompt(loaded, "one question, three samples")
+    results = []
+    for enabled in (True, False):
+        engine = Engine(loaded, EngineConfig(max_batch=4, max_model_len=512, prefix_cache=enabled))
+        hits: list[int] = []
+        engine.runner.prefix.on_lookup = lambda queried, hit, hits=hits: hits.append(hit)
+        seqs = [_seq(str(i), list(prompt)) for i in range(3)]
+        for seq in seqs:
+            engine.add_request(seq)
+        while not all(seq.is_finished for seq in seqs):
+            engine.step()
+        results.append(([seq.output_ids for seq in seqs], hits))
+    (cached_out, cached_hits), (plain_out, _) = results
+    assert cached_out == plain_out
+    assert cached_hits == [0] + [min(len(prompt) // BLOCK_SIZE * BLOCK_SIZE, len(prompt) - 1)] * 2
