@@ -1,5 +1,5 @@
 """`corral bench ...`: benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-mediation, fuzz, soak)."""
+prefix, mediation, fuzz, soak)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     _add_jsonschemabench(bench_sub)
     from benchmarks.mediation.cli import add_mediation_parser
+    from benchmarks.prefix.cli import add_prefix_parser
     from benchmarks.projection.cli import add_projection_parser
     from benchmarks.sampler.cli import add_sampler_parser
     from benchmarks.serve.cli import add_peer_model_parser, add_serve_parser  # the serving load benchmark
@@ -27,6 +28,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_tools_parser(bench_sub)
     add_sampler_parser(bench_sub)
     add_projection_parser(bench_sub)
+    add_prefix_parser(bench_sub)
     add_mediation_parser(bench_sub)
     from benchmarks.fuzz.cli import add_fuzz_parser  # issue 13: hostile-input fuzzing and soak
     from benchmarks.soak.cli import add_soak_parser
