@@ -121,7 +121,9 @@ class Engine:
         histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
         # All rows live is the usual step: sample in place rather than copy [B, vocab] logits.
         picked = logits if len(live) == len(batch) else logits[live]
-        sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories)
+        # Rows whose head computed only their allowed ids: a greedy pick needs to look at those only.
+        known = {i: settled.restricted[row] for i, row in enumerate(live) if row in settled.restricted}
+        sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories, known)
         for seq, token, logprob in zip(rows, sampled.tokens, sampled.logprobs, strict=True):
             if token == self.revise_id:
                 self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
@@ -238,8 +240,9 @@ class Engine:
                 if row in dead:
                     continue
                 if row in revisable and self.revise_id is not None and self.revise_id < self._vocab:
-                    # Unsorted and maybe repeated is fine: the head computes each listed id (a sort cost more).
-                    ids = np.append(ids, self.revise_id)
+                    at = int(np.searchsorted(ids, self.revise_id))  # kept ascending: greedy ties go low
+                    if at == len(ids) or ids[at] != self.revise_id:
+                        ids = np.insert(ids, at, self.revise_id)
                 settled.restricted[row] = torch.from_numpy(ids)
         return settled
 

@@ -10,7 +10,7 @@ The whole-vocabulary work is in server/engine/vocab_ops.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -70,10 +70,13 @@ def sample_rows(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    candidates: Mapping[int, torch.Tensor] | None = None,
 ) -> Sampled:
     """One token per row of masked float logits [B, V], modified in place: afterwards each row holds the
     logits of the distribution its token was drawn from (what logprobs report). `histories` gives each row's
-    (prompt ids, output ids); only penalised rows read it."""
+    (prompt ids, output ids); only penalised rows read it. `candidates` may name, for some rows, ascending
+    ids outside which the row is all -inf (its grammar's allowed tokens): a greedy row then looks at those
+    only (the same token, ties to the lowest id, as over the whole row)."""
     _add_biases(logits, params)
     penalized = [row for row, p in enumerate(params) if p.penalized]
     if penalized:
@@ -81,7 +84,11 @@ def sample_rows(
             raise ValueError("penalties need each row's prompt and output tokens")
         _apply_penalties(logits, [params[r] for r in penalized], [histories[r] for r in penalized], penalized)
     tokens = [0] * len(params)
-    greedy = [row for row, p in enumerate(params) if p.greedy]
+    known = candidates or {}
+    for row in [row for row, p in enumerate(params) if p.greedy and row in known]:
+        ids = known[row]
+        tokens[row] = int(ids[int(torch.argmax(logits[row].index_select(0, ids)))])
+    greedy = [row for row, p in enumerate(params) if p.greedy and row not in known]
     if greedy:
         picked = row_argmax(logits if len(greedy) == len(params) else logits[greedy]).tolist()
         for row, token in zip(greedy, picked, strict=True):

@@ -160,3 +160,22 @@ def test_a_seeded_row_draws_the_same_whatever_shares_its_batch() -> None:
         return tokens
 
     assert draws(1) == draws(3) == draws(5)
+
+
+def test_greedy_rows_with_candidate_ids_pick_as_over_the_whole_row() -> None:
+    generator = torch.Generator().manual_seed(0)
+    width = 5000
+    rows = torch.full((3, width), NEG)
+    allowed = [torch.tensor([3, 70, 1200, 4999]), torch.tensor([10, 11, 4000]), torch.tensor([7, 8])]
+    values = [[0.5, 2.0, 2.0, 1.0], [0.1, 0.2, 0.3], [1.0, 0.0]]  # row 0 ties: the lower id wins
+    for row, (ids, vals) in enumerate(zip(allowed, values, strict=True)):
+        rows[row, ids] = torch.tensor(vals)
+    greedy = SamplingParams(temperature=0.0)
+    biased = SamplingParams(temperature=0.0, logit_bias={7: -5.0})  # the bias still applies
+    plist = [greedy, greedy, biased]
+    dense = sample_rows(rows.clone(), plist, [None] * 3).tokens
+    sparse = sample_rows(rows.clone(), plist, [None] * 3, candidates=dict(enumerate(allowed))).tokens
+    assert sparse == dense == [70, 4000, 8]
+    # A sampled row ignores candidates (it needs the whole distribution) and still draws an allowed token.
+    drawn = sample_rows(rows.clone(), [params()] * 3, [generator] * 3, candidates=dict(enumerate(allowed))).tokens
+    assert all(token in ids.tolist() for token, ids in zip(drawn, allowed, strict=True))
