@@ -1,5 +1,5 @@
 """`corral bench ...`: benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, mediation, fuzz, soak)."""
+prefix, engine, mediation, fuzz, soak)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bench = sub.add_parser("bench", help="run a benchmark", description="Benchmarks of corral's grammar backends.")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     _add_jsonschemabench(bench_sub)
+    from benchmarks.engine.cli import add_engine_parser
     from benchmarks.mediation.cli import add_mediation_parser
     from benchmarks.prefix.cli import add_prefix_parser
     from benchmarks.projection.cli import add_projection_parser
@@ -29,6 +30,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_sampler_parser(bench_sub)
     add_projection_parser(bench_sub)
     add_prefix_parser(bench_sub)
+    add_engine_parser(bench_sub)
     add_mediation_parser(bench_sub)
     from benchmarks.fuzz.cli import add_fuzz_parser  # issue 13: hostile-input fuzzing and soak
     from benchmarks.soak.cli import add_soak_parser
