@@ -54,14 +54,6 @@ def unpack_rows(
     return counts, found
 
 
-def sparse_rows(
-    bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, max_ids: int | None = None
-) -> dict[int, np.ndarray]:
-    """The allowed ids of each of `rows` whose mask allows at most `max_ids` tokens (default: vocab / 16),
-    found without unpacking the rows that allow many (those are left out)."""
-    return unpack_rows(bitmask, rows, vocab_size, sparse_limit(vocab_size) if max_ids is None else max_ids)[1]
-
-
 def sparse_limit(vocab_size: int) -> int:
     """Most allowed tokens a row may have to count as sparse (its head and mask are then done per id)."""
     return vocab_size // 16

@@ -10,10 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-import torch
-
-from samplers.bitmask import unpack_rows
-
 
 class Trip(StrEnum):
     COMPILE_TIMEOUT = "compile_timeout"  # the grammar did not compile within its deadline (a 400)
@@ -101,14 +97,6 @@ def dictated(token: int, allowed: Sequence[int] | None, text: Callable[[int], st
         if not theirs or "\ufffd" in theirs or not (mine.startswith(theirs) or theirs.startswith(mine)):
             return False
     return True
-
-
-def few_allowed(
-    bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, limit: int = FEW_ALLOWED
-) -> dict[int, list[int]]:
-    """The allowed token ids of each of `rows` whose mask allows at most `limit` tokens (the rest are left
-    out: a wide mask is a choice). One vectorised count finds the candidate rows; only those are unpacked."""
-    return {row: ids.tolist() for row, ids in unpack_rows(bitmask, rows, vocab_size, limit)[1].items()}
 
 
 class MaskBudget:

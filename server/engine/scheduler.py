@@ -53,7 +53,7 @@ class Scheduler:
             budget -= len(seq.pending)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            if seq.pending and len(seq.pending) > 1:
+            if len(seq.pending) > 1:
                 computing.append(seq.prompt_ids)
         self.waiting.extendleft(reversed(deferred))  # at the front again, in their order
         return list(self.running)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import xgrammar
 
-from samplers.bitmask import allowed_ids, apply_bitmask, sparse_rows
+from samplers.bitmask import allowed_ids, apply_bitmask, sparse_limit, unpack_rows
 from samplers.protocol import allocate_bitmask
 
 VOCAB = 5_003  # not a multiple of 32: the last word is partly past the vocabulary
@@ -55,11 +55,12 @@ def test_a_sparse_row_keeps_exactly_its_allowed_tokens() -> None:
     assert torch.equal(logits[0, finite], original[0, finite])
 
 
-def test_sparse_rows_names_the_rows_that_allow_at_most_the_limit() -> None:
+def test_unpack_rows_names_the_rows_that_allow_at_most_the_limit() -> None:
     mask = _mask(4, [0.001, 0.999, 0.0, 0.02], seed=3)
     counts = [len(allowed_ids(mask[row].numpy(), VOCAB)) for row in range(4)]
-    found = sparse_rows(mask, [0, 1, 2, 3], VOCAB, max_ids=counts[3])
+    counted, found = unpack_rows(mask, [0, 1, 2, 3], VOCAB, counts[3])
     assert sorted(found) == [0, 2, 3]  # the wide row is left out (it is never unpacked)
     assert found[2].tolist() == [] and found[0].tolist() == allowed_ids(mask[0].numpy(), VOCAB).tolist()
-    assert sorted(sparse_rows(mask, [0, 3], VOCAB, max_ids=counts[3] - 1)) == [0]
-    assert sparse_rows(mask, [1], VOCAB) == {}  # default limit: vocab / 16
+    assert [counted[row] for row in (0, 2, 3)] == [counts[0], 0, counts[3]]
+    assert sorted(unpack_rows(mask, [0, 3], VOCAB, counts[3] - 1)[1]) == [0]
+    assert unpack_rows(mask, [1], VOCAB, sparse_limit(VOCAB))[1] == {}  # the head's limit: vocab / 16

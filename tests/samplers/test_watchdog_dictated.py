@@ -14,8 +14,9 @@ import pytest
 import torch
 from conftest import RunningServer
 
+from samplers.bitmask import unpack_rows
 from samplers.protocol import allocate_bitmask
-from samplers.watchdog import StallDetector, WatchdogLimits, dictated, few_allowed
+from samplers.watchdog import StallDetector, WatchdogLimits, dictated
 
 MODEL = "corral-default"
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]
@@ -122,14 +123,18 @@ def test_a_sampled_token_is_dictated_only_when_every_alternative_spells_the_same
     assert not dictated(3, None, texts.__getitem__)  # a wide mask is a choice
 
 
-def test_few_allowed_reads_narrow_rows_only() -> None:
+def _few(mask: torch.Tensor, rows: list[int], vocab: int, limit: int) -> dict[int, list[int]]:
+    return {row: ids.tolist() for row, ids in unpack_rows(mask, rows, vocab, limit)[1].items()}
+
+
+def test_narrow_rows_only_are_unpacked() -> None:
     vocab = 200
     mask = allocate_bitmask(3, vocab)
     mask[0] = 0
     mask[0, 1] = 1 << 3  # token 35
     mask[0, 4] = (1 << 31) - (1 << 32) + 1  # tokens 128 and 159 (bit 31 makes the int32 negative)
     mask[1] = 0  # nothing allowed
-    found = few_allowed(mask, [0, 1, 2], vocab, limit=4)
+    found = _few(mask, [0, 1, 2], vocab, limit=4)
     assert found == {0: [35, 128, 159], 1: []}  # row 2 allows everything: not read
-    assert few_allowed(mask, [0], vocab, limit=2) == {}
+    assert _few(mask, [0], vocab, limit=2) == {}
     assert torch.equal(mask[2], torch.full_like(mask[2], -1))
