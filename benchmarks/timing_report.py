@@ -1,13 +1,28 @@
-"""What the CPU micro-benchmarks (`bench sampler`, `bench projection`) write: results.json and a bar chart of
-corral against the plain torch reference, one pair of bars per row."""
+"""What the micro-benchmarks (`bench sampler`, `bench projection`, `bench prefix`, `bench engine`) share: the
+calling thread's CPU time per call, the speed-up column, results.json and a bar chart of corral against its
+reference, one pair of bars per row."""
 
 from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def cpu_ms(fn: Callable[[], object], repeats: int) -> float:
+    """The calling thread's CPU milliseconds per call of `fn` over `repeats` calls (steadier than wall time
+    on a shared machine)."""
+    start = time.thread_time()
+    for _ in range(repeats):
+        fn()
+    return (time.thread_time() - start) / repeats * 1000
+
+
+def speedup_of(reference_ms: float, corral_ms: float) -> float:
+    return reference_ms / corral_ms if corral_ms > 0 else float("inf")
 
 
 def write_results(out: Path, config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -94,3 +95,13 @@ class Settings(BaseSettings):
 
     def backend_list(self) -> list[str]:
         return [b.strip() for b in self.backends.split(",") if b.strip()]
+
+    def cpu_threads(self) -> int:
+        """Torch threads on CPU: `torch_threads`, else all cores but one (left to masks and HTTP)."""
+        return self.torch_threads or default_cpu_threads()
+
+
+def default_cpu_threads() -> int:
+    """All cores but one: the engine thread's torch ops leave a core to the mask thread and HTTP (measured on
+    2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1)."""
+    return max(1, (os.cpu_count() or 2) - 1)

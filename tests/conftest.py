@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -24,6 +25,12 @@ SAMPLE_BENCH = REPO / "tests" / "data" / "jsonschemabench_sample"
 os.environ.setdefault("CORRAL_CACHE_DIR", str(Path.home() / ".cache" / "corral"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def run_bench(command: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`corral bench COMMAND ARGS` in a subprocess, as a user runs it; output captured as text."""
+    return subprocess.run([sys.executable, "-m", "server.cli", "bench", command, *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 @dataclass

@@ -51,8 +51,6 @@ def run_engine(args: argparse.Namespace) -> int:
         console.print("[red]corral bench engine: --concurrency needs positive integers, --modes constrained "
                       "and/or unconstrained, --requests, --max-tokens and --schemas >= 1[/red]")
         return 2
-    import os
-
     import torch
 
     from benchmarks.engine.runner import new_engine, prepare, run_level
@@ -61,6 +59,7 @@ def run_engine(args: argparse.Namespace) -> int:
     from samplers.protocol import TokenizerSpec
     from samplers.registry import BackendSet
     from server.models import load_model
+    from server.settings import default_cpu_threads
 
     try:
         cases = candidate_cases(args.data, args.schemas)
@@ -69,7 +68,7 @@ def run_engine(args: argparse.Namespace) -> int:
         return 2
     loaded = load_model(None)
     if loaded.device.type == "cpu":  # as `corral serve` runs its engine thread: one core left for the rest
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(default_cpu_threads())
     grammars = GrammarCache(BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)))
     engine = new_engine(loaded, max(levels))
     results = []

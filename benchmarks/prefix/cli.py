@@ -44,15 +44,14 @@ def run_prefix(args: argparse.Namespace) -> int:
         console.print("[red]corral bench prefix: --prompt-tokens >= 32, --samples >= 2, --max-tokens >= 1 and "
                       "--repeats >= 1[/red]")
         return 2
-    import os
-
     import torch
 
     from server.models import load_model
+    from server.settings import default_cpu_threads
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     if loaded.device.type == "cpu":  # as `corral serve` runs its engine thread: one core left for the rest
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(default_cpu_threads())
     with Progress(console=console) as progress:
         task = progress.add_task("repeats (cache on, then off)", total=args.repeats)
         results = run_prefix_bench(loaded, args.prompt_tokens, args.samples, args.max_tokens, args.repeats,

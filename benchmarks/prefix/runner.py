@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from benchmarks.timing_report import speedup_of
 from server.engine import Engine, EngineConfig, SamplingParams
 from server.engine import Sequence as Seq
 from server.models import LoadedModel
@@ -36,7 +37,7 @@ class PrefixResult:
 
     @property
     def speedup(self) -> float:
-        return self.plain_ms / self.cached_ms if self.cached_ms > 0 else float("inf")
+        return speedup_of(self.plain_ms, self.cached_ms)
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "speedup": self.speedup}
@@ -109,13 +110,13 @@ def run_prefix_bench(
     on_repeat: Callable[[int], None],
 ) -> list[PrefixResult]:
     system = long_prompt(loaded, prompt_tokens)
-    # [scenario] -> (cache-on times, cache-off times, hit tokens)
-    times: dict[str, tuple[list[float], list[float], int]] = {}
+    times: dict[tuple[str, bool], list[float]] = {}  # (scenario, cache on) -> ms per repeat
+    hit_tokens: dict[str, int] = {}  # scenario -> tokens the cache served (cache on)
 
     def record(name: str, cached: bool, ms: float, hits: int) -> None:
-        on, off, hit = times.setdefault(name, ([], [], 0))
-        (on if cached else off).append(ms)
-        times[name] = (on, off, hits if cached else hit)
+        times.setdefault((name, cached), []).append(ms)
+        if cached:
+            hit_tokens[name] = hits
 
     for repeat in range(repeats):
         for cached in (True, False):  # alternate: both see the same load
@@ -127,5 +128,6 @@ def run_prefix_bench(
             record(f"n={samples} samples: all finished ({max_tokens} tokens each)", cached, end, hits)
         on_repeat(repeat)
     return [
-        PrefixResult(name, prompt_tokens, _median(on), _median(off), hit) for name, (on, off, hit) in times.items()
+        PrefixResult(name, prompt_tokens, _median(times[name, True]), _median(times[name, False]), hits)
+        for name, hits in hit_tokens.items()
     ]

@@ -8,13 +8,13 @@ a Llama-3.2-1B-shaped layer (hidden 2,048, fused q/k/v with 8 of 32 heads for k 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.timing_report import cpu_ms, speedup_of
 from server.models.projection import Projection
 
 DEFAULT_SHAPES: tuple[tuple[str, int, int], ...] = (
@@ -41,17 +41,10 @@ class ProjectionResult:
 
     @property
     def speedup(self) -> float:
-        return self.plain_ms / self.corral_ms if self.corral_ms > 0 else float("inf")
+        return speedup_of(self.plain_ms, self.corral_ms)
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "speedup": self.speedup}
-
-
-def _cpu_ms(fn: Callable[[], object], repeats: int) -> float:
-    start = time.thread_time()
-    for _ in range(repeats):
-        fn()
-    return (time.thread_time() - start) / repeats * 1000
 
 
 def run_projection_bench(
@@ -82,8 +75,8 @@ def run_projection_bench(
                 diff = float((corral().float() - plain().float()).abs().max()) if rows else 0.0
                 corral_total = plain_total = 0.0
                 for _ in range(3):  # alternate so both see the same load
-                    corral_total += _cpu_ms(corral, repeats)
-                    plain_total += _cpu_ms(plain, repeats)
+                    corral_total += cpu_ms(corral, repeats)
+                    plain_total += cpu_ms(plain, repeats)
                 result = ProjectionResult(label, out_features, in_features, dtype_name, rows, packed,
                                           corral_total / 3, plain_total / 3, diff)
                 results.append(result)

@@ -8,12 +8,12 @@ machine that is far steadier than wall time and is what a step costs the engine 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
+from benchmarks.timing_report import cpu_ms, speedup_of
 from server.engine.sampling import SamplingParams, sample_rows
 
 # (label, params): what OpenAI and vLLM clients send most
@@ -36,7 +36,7 @@ class SamplerResult:
 
     @property
     def speedup(self) -> float:
-        return self.reference_ms / self.corral_ms if self.corral_ms > 0 else float("inf")
+        return speedup_of(self.reference_ms, self.corral_ms)
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "speedup": self.speedup}
@@ -60,13 +60,6 @@ def reference_sample(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
     return [int(t) for t in torch.multinomial(torch.softmax(x, dim=-1), 1).squeeze(1).tolist()]
 
 
-def _cpu_ms(fn: Callable[[], object], repeats: int) -> float:
-    start = time.thread_time()
-    for _ in range(repeats):
-        fn()
-    return (time.thread_time() - start) / repeats * 1000
-
-
 def run_sampler_bench(
     vocab: int, batches: Sequence[int], repeats: int, scale: float, on_result: Callable[[SamplerResult], None]
 ) -> list[SamplerResult]:
@@ -88,8 +81,8 @@ def run_sampler_bench(
             reference()  # warm both
             corral_total = reference_total = 0.0
             for _ in range(3):  # alternate so both see the same load
-                corral_total += _cpu_ms(corral, repeats)
-                reference_total += _cpu_ms(reference, repeats)
+                corral_total += cpu_ms(corral, repeats)
+                reference_total += cpu_ms(reference, repeats)
             result = SamplerResult(label, batch, corral_total / 3, reference_total / 3)
             results.append(result)
             on_result(result)

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "jsonschemabench_sample"
+from conftest import SAMPLE_BENCH, run_bench
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", "bench", "engine", *args],
-                          capture_output=True, text=True, timeout=600)
+    return run_bench("engine", *args, timeout=600)
 
 
 def test_engine_bench_reports_each_mode_and_level(tmp_path: Path) -> None:
-    done = _bench("--data", str(SAMPLE), "--schemas", "3", "--concurrency", "1,2", "--requests", "3",
+    done = _bench("--data", str(SAMPLE_BENCH), "--schemas", "3", "--concurrency", "1,2", "--requests", "3",
                   "--max-tokens", "8", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "results.json").read_text())["results"]
@@ -35,5 +33,5 @@ def test_engine_bench_reports_each_mode_and_level(tmp_path: Path) -> None:
 
 
 def test_engine_bench_refuses_bad_arguments(tmp_path: Path) -> None:
-    done = _bench("--data", str(SAMPLE), "--modes", "fast", "--out", str(tmp_path))
+    done = _bench("--data", str(SAMPLE_BENCH), "--modes", "fast", "--out", str(tmp_path))
     assert done.returncode == 2 and "--modes" in done.stdout

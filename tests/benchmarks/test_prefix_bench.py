@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from conftest import run_bench
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", "bench", "prefix", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("prefix", *args)
 
 
 def test_prefix_bench_times_each_scenario_with_the_cache_on_and_off(tmp_path: Path) -> None:

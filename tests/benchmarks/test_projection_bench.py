@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from conftest import run_bench
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", "bench", "projection", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("projection", *args)
 
 
 def test_projection_bench_writes_a_row_per_shape_dtype_and_batch(tmp_path: Path) -> None:

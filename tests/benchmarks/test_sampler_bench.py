@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from conftest import run_bench
 
 from benchmarks.sampler.runner import CONFIGS, reference_sample
 from server.engine.sampling import SamplingParams, sample_rows
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", "bench", "sampler", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("sampler", *args)
 
 
 def test_sampler_bench_writes_a_row_per_configuration_and_batch(tmp_path: Path) -> None:
