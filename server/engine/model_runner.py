@@ -93,6 +93,8 @@ class PackedForward:
             max_len=max_len,
             dtype=model.embed.dtype,
             device=device,
+            layer_windows=shape.layer_windows,
+            scale=shape.attn_scale,
         )
         self.device = device
         # On CPU the vocabulary projection is most of a step, and a grammar often allows a few hundred of

@@ -12,6 +12,10 @@ place, as a strided view of its slot:
   another's length, nor another row to a prompt's.
 
 Rolling a row back is lowering its length; positions past it are masked and later overwritten.
+
+Layers with a sliding window (Gemma 3, Mistral) keep every position too: a query at position p sees keys in
+(p - window, p], so a step whose keys reach past the window gets a second mask for those layers. Keeping the
+whole row keeps rollbacks and prefix-cache copies the same for every layer.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class _MultiRow:
     slot: int
     length: int  # keys the row's last token sees (start + count)
     mask: torch.Tensor | None  # [count, length] causal mask; None: the row starts at 0 (plain causal)
+    window_mask: torch.Tensor | None  # the mask of sliding-window layers; None: the same as `mask`
 
 
 # Rows feeding up to this many tokens share the batched call. Forced continuations are mostly 2-8 tokens;
@@ -51,6 +56,7 @@ class StepPlan:
     span: int  # longest key length among short rows
     queries: int  # longest short row (the query block's length)
     decode_mask: torch.Tensor | None  # [slot_count, 1, queries * group, span]
+    decode_window_mask: torch.Tensor | None  # the same for sliding-window layers (keys past the window hidden)
     multi: tuple[_MultiRow, ...]
 
 
@@ -66,7 +72,18 @@ class InPlaceKVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        layer_windows: Sequence[int | None] | None = None,
+        scale: float | None = None,
     ) -> None:
+        """layer_windows: each layer's sliding window (None: full attention); one window size at most.
+        scale: the attention's query scale (None: 1 / sqrt(head_dim))."""
+        windows = list(layer_windows) if layer_windows is not None else [None] * num_layers
+        sizes = {w for w in windows if w is not None}
+        if len(windows) != num_layers or len(sizes) > 1:
+            raise ValueError("layer_windows must name one window size (or None) for each layer")
+        self.window = sizes.pop() if sizes else None
+        self._windowed = [w is not None for w in windows]
+        self.scale = scale
         shape = (num_slots, max_len, num_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -92,16 +109,21 @@ class InPlaceKVCache:
         within = np.arange(len(row_of)) - offsets[row_of]  # each token's index within its row
         positions = start_arr[row_of] + within
         write_index = self._tensor(slot_arr[row_of] * self.max_len + positions)
+        window = self.window
         multi: list[_MultiRow] = []
         for i in np.flatnonzero(count_arr > SHORT_ROW_MAX).tolist():
             n, start = counts[i], starts[i]
             length = start + n
-            mask = None
+            mask = window_mask = None
+            query_pos = start + self._positions[:n]
             if start > 0:
-                query_pos = start + self._positions[:n]
                 mask = self._positions[None, :length] <= query_pos[:, None]
-            multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask))
-        decode_tokens = decode_slots = decode_query = decode_mask = None
+            if window is not None and length > window:
+                window_mask = (self._positions[None, :length] <= query_pos[:, None]) & (
+                    self._positions[None, :length] > query_pos[:, None] - window
+                )
+            multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask, window_mask))
+        decode_tokens = decode_slots = decode_query = decode_mask = decode_window_mask = None
         slot_lo = slot_count = span = queries = 0
         short = count_arr <= SHORT_ROW_MAX
         if short.any():
@@ -121,6 +143,11 @@ class InPlaceKVCache:
             # GQA: the query axis is Q × group (each query's group heads in a row): repeat each query's line.
             group = self.num_heads // self.num_kv_heads
             decode_mask = self._tensor(np.repeat(visible, group, axis=1)[:, None])
+            decode_window_mask = decode_mask
+            if window is not None and span > window:
+                # A query at position p = seen - 1 sees keys in (p - window, p]; padding (seen 1) keeps key 0.
+                in_window = visible & (np.arange(span) >= seen[:, :, None] - window)
+                decode_window_mask = self._tensor(np.repeat(in_window, group, axis=1)[:, None])
             decode_tokens = self._tensor(tokens)
             decode_slots = self._tensor(token_slots)
             decode_query = self._tensor(token_query)
@@ -134,6 +161,7 @@ class InPlaceKVCache:
             span,
             queries,
             decode_mask,
+            decode_window_mask,
             tuple(multi),
         )
         return self._plan
@@ -150,6 +178,7 @@ class InPlaceKVCache:
         k_buf.view(flat).index_copy_(0, plan.write_index, k.to(k_buf.dtype))
         v_buf.view(flat).index_copy_(0, plan.write_index, v.to(v_buf.dtype))
         out = torch.empty_like(q)
+        windowed = self._windowed[layer]
         if plan.decode_tokens is not None and plan.decode_slots is not None and plan.decode_query is not None:
             group = self.num_heads // self.num_kv_heads
             lo, hi = plan.slot_lo, plan.slot_lo + plan.slot_count
@@ -161,7 +190,8 @@ class InPlaceKVCache:
             picked = q.index_select(0, plan.decode_tokens).view(-1, self.num_kv_heads, group, self.head_dim)
             query[plan.decode_slots, :, plan.decode_query] = picked
             flat_query = query.view(plan.slot_count, self.num_kv_heads, plan.queries * group, self.head_dim)
-            attn = F.scaled_dot_product_attention(flat_query, keys, values, attn_mask=plan.decode_mask)
+            mask = plan.decode_window_mask if windowed else plan.decode_mask
+            attn = F.scaled_dot_product_attention(flat_query, keys, values, attn_mask=mask, scale=self.scale)
             attn = attn.view(plan.slot_count, self.num_kv_heads, plan.queries, group, self.head_dim)
             out[plan.decode_tokens] = attn[plan.decode_slots, :, plan.decode_query].reshape(
                 -1, self.num_heads, self.head_dim
@@ -171,8 +201,15 @@ class InPlaceKVCache:
             query = q[row.offset : end].transpose(0, 1)[None]
             keys = k_buf[row.slot, : row.length].transpose(0, 1)[None]
             values = v_buf[row.slot, : row.length].transpose(0, 1)[None]
+            row_mask = row.window_mask if windowed and row.window_mask is not None else row.mask
             attn = F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=row.mask, is_causal=row.mask is None, enable_gqa=True
+                query,
+                keys,
+                values,
+                attn_mask=row_mask,
+                is_causal=row_mask is None,
+                enable_gqa=True,
+                scale=self.scale,
             )
             out[row.offset : end] = attn[0].transpose(0, 1)
         return out

@@ -1,4 +1,4 @@
-"""corral's own decoder for the Llama family (Llama 2/3.x, Qwen2/2.5, Qwen3, Mistral), read from safetensors.
+"""corral's own decoder for the Llama family (Llama 2/3.x, Qwen2/2.5, Qwen3, Mistral) and Gemma 3, from safetensors.
 
 All tokens of a step, from every row, are packed into one [T, hidden] batch: the projections, norms and MLP
 run once for the whole step whatever the rows' lengths, and only attention needs to know which row a token
@@ -8,8 +8,11 @@ holds only the arithmetic and runs unchanged on CPU and CUDA.
 Configuration comes from transformers (AutoConfig), weights straight from the checkpoint's safetensors files.
 Differences across the family are all data: Qwen2 has q/k/v biases (any bias in the checkpoint is used),
 Qwen3 normalises q and k per head, Llama 3.1+ scales RoPE frequencies ("llama3"), heads may be grouped (GQA)
-and the output head may be tied to the embedding. Sliding-window attention is not implemented: such a model
-is served with its context capped at the window, where full attention is exactly what it computes.
+and the output head may be tied to the embedding. Gemma 3 is the same decoder with more data: the embedding is
+scaled by sqrt(hidden), norms scale by (1 + weight) (folded into the weights at load), attention and MLP outputs
+are normed too ("sandwich" norms), the MLP gate is GELU (tanh), queries are scaled by query_pre_attn_scalar, and
+layers alternate between a sliding window and full attention, each kind with its own RoPE base. Sliding windows
+are per layer (`DecoderShape.layer_windows`); the KV cache masks keys that left a layer's window.
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ from server.models.split_projection import head_projection
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"})
-_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+SUPPORTED_ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM"}
+)
+_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma3_text"})
+_GEMMA_TYPES = frozenset({"gemma3_text"})
+# transformers' activation names -> the MLP gate corral computes.
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # RoPE variants whose frequencies do not depend on the sequence length (those are refused: "dynamic", "longrope").
 _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -51,28 +59,52 @@ class DecoderShape:
     head_dim: int
     rms_eps: float
     qk_norm: bool
-    sliding_window: int | None  # the smallest window any layer uses, None: every layer attends fully
+    layer_windows: tuple[int | None, ...]  # per layer: its sliding window, None: full attention
+    layer_types: tuple[str, ...]  # per layer: its RoPE table ("full_attention" / "sliding_attention")
+    activation: str = "silu"  # the MLP gate: "silu" or "gelu_tanh"
+    embed_scale: float = 1.0  # Gemma: sqrt(hidden_size)
+    attn_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    sandwich_norms: bool = False  # Gemma: attention and MLP outputs are normed before the residual add
+    norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The smallest window any layer uses; None: every layer attends fully."""
+        windows = [w for w in self.layer_windows if w is not None]
+        return min(windows) if windows else None
 
 
-def _rope_parameters(config: Any) -> dict[str, Any]:
+def _activation_name(config: Any) -> str:
+    return str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu")
+
+
+def _layer_types(config: Any) -> list[str]:
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list | tuple) and len(types) == int(config.num_hidden_layers):
+        return [str(t) for t in types]
+    return ["full_attention"] * int(config.num_hidden_layers)
+
+
+def _rope_parameters(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     params = dict(params)
+    if params and all(isinstance(v, dict) for v in params.values()):
+        # Per layer type (Gemma 3: a local base for sliding layers, a global one for full attention).
+        params = dict(params.get(layer_type or "full_attention") or next(iter(params.values())))
     params.setdefault("rope_type", params.get("type", "default"))
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     return params
 
 
-def _sliding_window(config: Any) -> int | None:
+def _layer_windows(config: Any) -> tuple[int | None, ...]:
+    types = _layer_types(config)
     window = getattr(config, "sliding_window", None)
-    if not isinstance(window, int) or window <= 0:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return window
+    if not isinstance(window, int) or window <= 0 or getattr(config, "use_sliding_window", True) is False:
+        return (None,) * len(types)
+    if getattr(config, "layer_types", None) is None:
+        return (window,) * len(types)  # Mistral-style: one window for every layer
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def unsupported_reason(config: Any) -> str | None:
@@ -82,20 +114,30 @@ def unsupported_reason(config: Any) -> str | None:
         return f"architecture {architectures[0]} is not in corral's Llama family"
     if not architectures and getattr(config, "model_type", None) not in _MODEL_TYPES:
         return f"model type {getattr(config, 'model_type', None)!r} is not in corral's Llama family"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r} (only silu)"
-    params = _rope_parameters(config)
-    if any(isinstance(v, dict) for v in params.values()):
-        return "per-layer RoPE parameters"
-    if params["rope_type"] not in _STATIC_ROPE:
-        return f"RoPE type {params['rope_type']!r}"
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        return "partial rotary embeddings"
+    if _activation_name(config) not in _ACTIVATIONS:
+        return f"activation {_activation_name(config)!r} (only {', '.join(_ACTIVATIONS)})"
+    for layer_type in dict.fromkeys(_layer_types(config)):
+        params = _rope_parameters(config, layer_type)
+        if any(isinstance(v, dict) for v in params.values()):
+            return "nested RoPE parameters"
+        if params["rope_type"] not in _STATIC_ROPE:
+            return f"RoPE type {params['rope_type']!r}"
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            return "partial rotary embeddings"
+    for attr in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, attr, None) is not None:
+            return f"logit soft-capping ({attr})"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
+    if len({w for w in _layer_windows(config) if w is not None}) > 1:
+        return "more than one sliding-window size"
     return None
 
 
 def decoder_shape(config: Any) -> DecoderShape:
     heads = int(config.num_attention_heads)
+    gemma = str(getattr(config, "model_type", "")) in _GEMMA_TYPES
+    scalar = getattr(config, "query_pre_attn_scalar", None)
     return DecoderShape(
         vocab_size=int(config.vocab_size),
         hidden_size=int(config.hidden_size),
@@ -104,14 +146,21 @@ def decoder_shape(config: Any) -> DecoderShape:
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
         rms_eps=float(config.rms_norm_eps),
-        qk_norm=str(getattr(config, "model_type", "")) == "qwen3",
-        sliding_window=_sliding_window(config),
+        qk_norm=str(getattr(config, "model_type", "")) == "qwen3" or gemma,
+        layer_windows=_layer_windows(config),
+        layer_types=tuple(_layer_types(config)),
+        activation=_ACTIVATIONS.get(_activation_name(config), "silu"),
+        embed_scale=float(config.hidden_size) ** 0.5 if gemma else 1.0,
+        attn_scale=float(scalar) ** -0.5 if gemma and scalar else None,
+        sandwich_norms=gemma,
+        norm_offset=1.0 if gemma else 0.0,
     )
 
 
-def rope_frequencies(config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim / 2] (float32) and the cos/sin scale ("attention factor")."""
-    params = _rope_parameters(config)
+def rope_frequencies(config: Any, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim / 2] (float32) and the cos/sin scale ("attention factor") of the RoPE
+    table that layers of `layer_type` use (models with one table ignore it)."""
+    params = _rope_parameters(config, layer_type)
     rope_type = params["rope_type"]
     if rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -119,7 +168,13 @@ def rope_frequencies(config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
     # Scaled variants: transformers owns the config's meaning; reuse its (static) frequency functions.
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    if layer_type is not None and isinstance(getattr(config, "rope_parameters", None), dict) and all(
+        isinstance(v, dict) for v in config.rope_parameters.values()
+    ):
+        inv_freq, scale = init(config, torch.device("cpu"), layer_type=layer_type)
+    else:
+        inv_freq, scale = init(config, torch.device("cpu"))
     return inv_freq.float(), float(scale)
 
 
@@ -130,10 +185,10 @@ class _Layer(torch.nn.Module):
         def param(t: torch.Tensor) -> torch.nn.Parameter:
             return torch.nn.Parameter(t, requires_grad=False)
 
-        def optional(t: torch.Tensor | None) -> torch.nn.Parameter | None:
-            return None if t is None else param(t)
+        def norm(name: str) -> torch.nn.Parameter:
+            return param(weights[name] + shape.norm_offset if shape.norm_offset else weights[name])
 
-        self.input_norm = param(weights["input_layernorm.weight"])
+        self.input_norm = norm("input_layernorm.weight")
         # q, k and v (and gate and up) share their input: one matmul each instead of three (two).
         qkv = torch.cat([weights.pop(f"self_attn.{p}_proj.weight") for p in "qkv"])
         biases = [weights.pop(f"self_attn.{p}_proj.bias", None) for p in "qkv"]
@@ -142,11 +197,17 @@ class _Layer(torch.nn.Module):
         qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
         self.qkv = Projection(qkv, qkv_bias)
         self.o = Projection(weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias"))
-        self.q_norm = optional(weights.get("self_attn.q_norm.weight"))
-        self.k_norm = optional(weights.get("self_attn.k_norm.weight"))
-        if shape.qk_norm and (self.q_norm is None or self.k_norm is None):
-            raise ValueError("a Qwen3 checkpoint without q_norm/k_norm weights")
-        self.post_norm = param(weights["post_attention_layernorm.weight"])
+        has_qk_norm = "self_attn.q_norm.weight" in weights and "self_attn.k_norm.weight" in weights
+        if shape.qk_norm and not has_qk_norm:
+            raise ValueError("the checkpoint has no q_norm/k_norm weights, which this architecture needs")
+        self.q_norm = norm("self_attn.q_norm.weight") if has_qk_norm else None
+        self.k_norm = norm("self_attn.k_norm.weight") if has_qk_norm else None
+        # Llama: post_attention_layernorm is the MLP's input norm. Gemma: it norms the attention output and
+        # pre/post_feedforward_layernorm norm the MLP's input and output.
+        self.attn_out_norm = norm("post_attention_layernorm.weight") if shape.sandwich_norms else None
+        mlp_norm = "pre_feedforward_layernorm.weight" if shape.sandwich_norms else "post_attention_layernorm.weight"
+        self.mlp_norm = norm(mlp_norm)
+        self.mlp_out_norm = norm("post_feedforward_layernorm.weight") if shape.sandwich_norms else None
         gate_up = torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")])
         gate_b, up_b = weights.get("mlp.gate_proj.bias"), weights.get("mlp.up_proj.bias")
         gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
@@ -168,10 +229,10 @@ class LlamaFamilyModel(torch.nn.Module):
         self,
         shape: DecoderShape,
         weights: dict[str, torch.Tensor],
-        inv_freq: torch.Tensor,
-        rope_scale: float,
+        ropes: Mapping[str, tuple[torch.Tensor, float]],
         config: Any,
     ) -> None:
+        """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies)."""
         super().__init__()
         self.shape = shape
         self.config = config  # the transformers config, for metadata (vocab, eos ids, context length)
@@ -181,20 +242,28 @@ class LlamaFamilyModel(torch.nn.Module):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
             self.layers.append(_Layer(own, shape))
-        self.norm = torch.nn.Parameter(weights.pop("model.norm.weight"), requires_grad=False)
+        norm = weights.pop("model.norm.weight")
+        self.norm = torch.nn.Parameter(norm + shape.norm_offset if shape.norm_offset else norm, requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
         # grammar-restricted row computes its few allowed logits from it (restricted_logits).
         self.head = head_projection(self.embed if head is None else head)
-        self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", inv_freq.to(self.embed.device), persistent=False)
-        self.rope_scale = rope_scale
+        # The scale as a tensor of the model's dtype: the embedding is multiplied in that dtype, as trained.
+        self.embed_scale: torch.Tensor
+        self.register_buffer("embed_scale", torch.tensor(shape.embed_scale, dtype=self.embed.dtype), persistent=False)
+        self.rope_types = tuple(dict.fromkeys(shape.layer_types))
+        self._layer_rope = [self.rope_types.index(t) for t in shape.layer_types]
+        self.inv_freqs = [ropes[t][0].to(self.embed.device) for t in self.rope_types]
+        self.rope_scales = [ropes[t][1] for t in self.rope_types]
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        self, positions: torch.Tensor, dtype: torch.dtype, table: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, head_dim] for the tokens' absolute positions (computed in float32, as trained)."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        freqs = positions[:, None].float() * self.inv_freqs[table][None, :]
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
+        scale = self.rope_scales[table]
+        return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Attend
@@ -210,10 +279,13 @@ class LlamaFamilyModel(torch.nn.Module):
         s = self.shape
         eps = s.rms_eps
         x = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope(positions, x.dtype)
+        if s.embed_scale != 1.0:
+            x = x * self.embed_scale
+        tables = [self.rope(positions, x.dtype, t) for t in range(len(self.rope_types))]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
+            cos, sin = tables[self._layer_rope[i]]
             h = F.rms_norm(x, (s.hidden_size,), layer.input_norm, eps)
             q, k, v = torch.split(layer.qkv(h), [q_size, kv_size, kv_size], dim=-1)
             q = q.view(-1, s.num_heads, s.head_dim)
@@ -222,10 +294,17 @@ class LlamaFamilyModel(torch.nn.Module):
                 q = F.rms_norm(q, (s.head_dim,), layer.q_norm, eps)
                 k = F.rms_norm(k, (s.head_dim,), layer.k_norm, eps)
             attn = attend(i, _rotate(q, cos, sin), _rotate(k, cos, sin), v.view(-1, s.num_kv_heads, s.head_dim))
-            x = x + layer.o(attn.reshape(-1, q_size))
-            h = F.rms_norm(x, (s.hidden_size,), layer.post_norm, eps)
+            out = layer.o(attn.reshape(-1, q_size))
+            if layer.attn_out_norm is not None:
+                out = F.rms_norm(out, (s.hidden_size,), layer.attn_out_norm, eps)
+            x = x + out
+            h = F.rms_norm(x, (s.hidden_size,), layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gated = F.silu(gate) if s.activation == "silu" else F.gelu(gate, approximate="tanh")
+            out = layer.down(gated * up)
+            if layer.mlp_out_norm is not None:
+                out = F.rms_norm(out, (s.hidden_size,), layer.mlp_out_norm, eps)
+            x = x + out
         # Only each row's last token needs logits: the vocabulary projection is the step's largest matmul.
         return F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
 
@@ -264,9 +343,9 @@ def load_llama_family(model_dir: Path, config: Any, dtype: torch.dtype, device: 
         raise ValueError("the checkpoint has no model.embed_tokens.weight")
     if "lm_head.weight" not in weights and not getattr(config, "tie_word_embeddings", False):
         raise ValueError("the checkpoint has no lm_head.weight and its config does not tie it to the embedding")
-    inv_freq, scale = rope_frequencies(config, shape.head_dim)
+    ropes = {t: rope_frequencies(config, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
     try:
-        model = LlamaFamilyModel(shape, weights, inv_freq, scale, config)
+        model = LlamaFamilyModel(shape, weights, ropes, config)
     except KeyError as exc:
         raise ValueError(f"the checkpoint lacks weight {exc}") from exc
     unused = [k for k in weights if not k.startswith("model.layers.")]

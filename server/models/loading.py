@@ -139,11 +139,6 @@ def _load_corral(model_dir: Path, config: Any, dtype: torch.dtype | str, device:
         model = load_llama_family(model_dir, text_config, dtype, device)
     except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
-    window = model.shape.sliding_window
-    if window is not None and _context_length(config, None) > window:
-        # Full attention within the window is exactly what the model computes there; past it, it is not.
-        logger.warning("%s uses sliding-window attention: its context is capped at the window (%d)", model_dir, window)
-        text_config.max_position_embeddings = window
     return model
 
 
