@@ -63,7 +63,7 @@ def _add_jsonschemabench(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--out", type=Path, default=Path("bench-out"), metavar="DIR",
                    help="results folder (default bench-out)")
     p.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
-                   help="masks mode: a local Hugging Face tokenizer (default: the embedded model's)")
+                   help="masks mode: a local Hugging Face tokenizer (default: corral-tiny's)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="generate mode: a running corral (default: in process)")
     p.add_argument("--compile-timeout", type=float, default=10.0, metavar="S",

@@ -28,7 +28,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         if info.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif name == "model":
-            p.add_argument(flag, dest=name, type=Path, default=None, metavar="DIR", help=help_text)
+            p.add_argument(flag, dest=name, default=None, metavar="NAME|DIR|FILE.gguf", help=help_text)
+        elif name == "chat_template":
+            p.add_argument(flag, dest=name, type=Path, default=None, metavar="FILE", help=help_text)
         elif name == "device":
             p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
         elif name == "model_impl":
@@ -72,6 +74,7 @@ def serve(args: argparse.Namespace) -> int:
             dtype=settings.dtype,
             revision_token=settings.revision_token,
             model_impl=settings.model_impl,
+            chat_template=settings.chat_template,
         )
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)

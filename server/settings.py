@@ -13,7 +13,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
 
-    model: Path | None = Field(None, description="local Hugging Face causal-LM directory; default: embedded model")
+    model: str | None = Field(
+        None,
+        description="a built-in model (gemma-3-270m, the default; corral-tiny, a tiny random model for tests), "
+        "a Hugging Face causal-LM directory, or a .gguf file (converted once into $CORRAL_CACHE_DIR)",
+    )
+    chat_template: Path | None = Field(None, description="a Jinja chat template file that replaces the model's")
     served_model_name: str | None = Field(None, description="model id reported by /v1/models")
     host: str = "127.0.0.1"
     port: int = 8000

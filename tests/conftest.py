@@ -1,4 +1,4 @@
-"""Shared fixtures: one real corral server (uvicorn on 127.0.0.1) on the embedded default model, and the
+"""Shared fixtures: one real corral server (uvicorn on 127.0.0.1) on the tiny model (corral-tiny), and the
 default model's tokenizer with both built-in backends for tests below the server."""
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ SAMPLE_BENCH = REPO / "tests" / "data" / "jsonschemabench_sample"
 
 # Tests build the default model once per machine into a cache the suite owns.
 os.environ.setdefault("CORRAL_CACHE_DIR", str(Path.home() / ".cache" / "corral"))
+# Tests serve the tiny random model (fast) unless they name another; subprocesses inherit this. The tests that
+# need the real default model (gemma-3-270m) ask for it by name.
+os.environ.setdefault("CORRAL_MODEL", "corral-tiny")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -94,7 +97,7 @@ def client(server: RunningServer) -> object:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> object:
-    """The embedded default model's TokenizerSpec, as `corral serve` sees it."""
+    """corral-tiny's TokenizerSpec, as `corral serve` sees it."""
     from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 
     return load_tokenizer_spec(None)

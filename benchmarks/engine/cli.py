@@ -66,7 +66,7 @@ def run_engine(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         console.print(f"[red]corral bench engine: {exc}[/red]")
         return 2
-    loaded = load_model(None)
+    loaded = load_model("corral-tiny")
     if loaded.device.type == "cpu":  # as `corral serve` runs its engine thread: one core left for the rest
         torch.set_num_threads(default_cpu_threads())
     grammars = GrammarCache(BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)))

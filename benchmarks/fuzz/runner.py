@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # run's cost is the number of requests, not the size of the numbers hypothesis likes to draw.
 MAX_TOKENS_CAP = 16
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
-ORDINARY = {"model": "corral-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
+ORDINARY = {"model": "corral-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
             "structured_outputs": {"choice": ["fine", "good"]}}
 
 

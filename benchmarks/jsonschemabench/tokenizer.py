@@ -15,13 +15,13 @@ _END_OF_TURN = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>")
 
 @lru_cache(maxsize=2)  # tokenizer tables are big; reuse them across runs in one process (tests)
 def load_tokenizer_spec(directory: Path | None) -> TokenizerSpec:
-    """None: the embedded default model's tokenizer, exactly as `corral serve` sees it (vocab incl.
+    """None: the tiny model's (corral-tiny) tokenizer, exactly as `corral serve` sees it (vocab incl.
     `<|revise|>`, its stop tokens). A directory: its tokenizer, with the logits width from
     config.json when present (models often pad the vocabulary)."""
     if directory is None:
         from server.models import load_model
 
-        loaded = load_model(None, device="cpu")
+        loaded = load_model("corral-tiny", device="cpu")
         return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
     from transformers import AutoTokenizer
 

@@ -18,8 +18,8 @@ def add_prefix_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "n samples of one prompt submitted together (until the last one's first token, until all end). "
         "Prints medians over --repeats, writes OUT/results.json and OUT/prefix.png.",
     )
-    p.add_argument("--model", type=Path, default=None, metavar="DIR", help="model folder (default: the embedded "
-                   "default model)")
+    p.add_argument("--model", default="corral-tiny", metavar="NAME|DIR",
+                   help="a built-in model name or a model folder (default: corral-tiny)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="model dtype (default: the server's default for the device)")
     p.add_argument("--prompt-tokens", type=int, default=2000, metavar="N",

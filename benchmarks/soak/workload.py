@@ -35,7 +35,7 @@ def ordinary(index: int, max_tokens: int) -> SoakRequest:
     """The index-th ordinary request: kinds in turn, every other pass streamed."""
     kind = ORDINARY_KINDS[index % len(ORDINARY_KINDS)]
     stream = (index // len(ORDINARY_KINDS)) % 2 == 1
-    body: dict[str, Any] = {"model": "corral-default", "max_tokens": max_tokens, "stream": stream,
+    body: dict[str, Any] = {"model": "corral-tiny", "max_tokens": max_tokens, "stream": stream,
                             "messages": [{"role": "user", "content": f"request {index}: answer briefly"}]}
     if kind == "json_schema":
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}

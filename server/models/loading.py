@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from server.models.default_model import REVISE, ensure_default_model
+from server.models.builtin import UnresolvedModel, resolve_model
+from server.models.default_model import REVISE
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "corral-default"
 FALLBACK_CONTEXT_LENGTH = 2048
 # Tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a real length.
 _MAX_SANE_CONTEXT = 10_000_000
@@ -58,28 +58,32 @@ class LoadedModel:
 
 
 def load_model(
-    path: Path | None,
+    spec: str | Path | None,
     device: str | None = None,
     dtype: str | None = None,
     revision_token: str | None = None,
     model_impl: str = "auto",
+    chat_template: Path | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its fast tokenizer from a local directory; None loads the embedded default.
+    """Load a causal LM and its fast tokenizer. `spec`: a built-in name (server/models/builtin.py; None is the
+    default, gemma-3-270m), a local checkpoint directory, or a .gguf file (converted once into the cache).
 
-    model_impl: "corral" (the Llama family only), "transformers", or "auto" (corral when it supports the
-    architecture)."""
+    model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
+    architecture). chat_template: a Jinja file that replaces the model's own template."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
-
-    if path is None:
-        model_dir = ensure_default_model()
-        name = DEFAULT_MODEL_NAME
-    else:
-        model_dir = Path(path).expanduser()
-        name = model_dir.resolve().name if model_dir.exists() else model_dir.name
+    template = _read_chat_template(chat_template) if chat_template is not None else None
+    # A GGUF is dequantized to the serving dtype: the one asked for, else the device's default.
+    convert_to = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, torch_device)
+    assert isinstance(convert_to, torch.dtype)
+    try:
+        resolved = resolve_model(spec, convert_to)
+    except UnresolvedModel as exc:
+        raise ModelLoadError(f"{exc}.") from exc
+    model_dir, name = resolved.path, resolved.name
     _check_checkpoint_dir(model_dir)
     config = _load_causal_config(model_dir)
-    tokenizer = _load_tokenizer(model_dir)
+    tokenizer = _load_tokenizer(model_dir, template)
     # Checked before the (slow) weight load so a bad flag fails fast.
     revision_token_id = _revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config)
@@ -241,7 +245,17 @@ def _load_causal_config(model_dir: Path) -> Any:
     return config
 
 
-def _load_tokenizer(model_dir: Path) -> Any:
+def _read_chat_template(path: Path) -> str:
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"Could not read the chat template {path}: {_first_line(exc)}") from exc
+    if not text.strip():
+        raise ModelLoadError(f"The chat template {path} is empty.")
+    return text
+
+
+def _load_tokenizer(model_dir: Path, chat_template: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
     try:
@@ -250,6 +264,8 @@ def _load_tokenizer(model_dir: Path) -> Any:
         raise ModelLoadError(f"{model_dir} has no loadable fast tokenizer: {_first_line(exc)}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{model_dir} has no fast (tokenizer.json) tokenizer, which grammars need.")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     if not getattr(tokenizer, "chat_template", None):
         logger.warning("%s has no chat template; using a generic 'role: content' template", model_dir)
         tokenizer.chat_template = GENERIC_CHAT_TEMPLATE

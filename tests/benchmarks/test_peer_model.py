@@ -60,7 +60,7 @@ def test_relayout_of_the_default_model_keeps_logits_and_argmax(tmp_path: Path) -
     src = ensure_default_model()
     out = write_peer_model(src, tmp_path / "peer")
     assert (out / "tokenizer.json").is_file() and (out / "chat_template.jinja").is_file()
-    assert not (out / "corral-default-model.json").exists()  # corral's cache marker stays with the cache
+    assert not (out / "corral-tiny-model.json").exists()  # corral's cache marker stays with the cache
     ids = torch.tensor([[128000, 128006, 882, 128007, 271, 16533, 449, 264, 4823, 907, 128009, 128006, 78191,
                          128007, 271, 5018, 1, 11, 25, 92]])
     _assert_same_function(src, out, ids)

@@ -227,7 +227,7 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
     assert len(results["schemas"]["used"]) == 3
 
     peer = results["peer"]
-    assert (peer["url"], peer["model"], peer["constraint"]) == (server.base_url, "corral-default", "response_format")
+    assert (peer["url"], peer["model"], peer["constraint"]) == (server.base_url, "corral-tiny", "response_format")
     assert peer["refused"] == [] and peer["errors"] == []
     peer_by_key = {(r["mode"], r["concurrency"]): r for r in peer["runs"]}
     assert set(peer_by_key) == set(by_key)

@@ -126,7 +126,7 @@ def _wait_routable(stack: Stack) -> None:
 
 def _person(client: openai.OpenAI) -> dict[str, Any]:
     resp = client.chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=[{"role": "user", "content": "A person"}],
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
         max_tokens=64,
@@ -139,13 +139,13 @@ def _person(client: openai.OpenAI) -> dict[str, Any]:
 def test_constrained_requests_from_the_host(stack: Stack) -> None:
     _person(stack.client())
     choice = stack.client().chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=[{"role": "user", "content": "Pick a colour"}],
         extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
     )
     assert choice.choices[0].message.content in {"red", "green", "blue"}
     regex = stack.client().completions.create(
-        model="corral-default",
+        model="corral-tiny",
         prompt="Code:",
         max_tokens=16,
         extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}},
@@ -165,7 +165,7 @@ def test_metrics_are_exported(stack: Stack) -> None:
 def test_sigterm_drains_in_flight_requests_and_exits_within_its_grace_period(stack: Stack) -> None:
     (replica,) = stack.replicas()
     stream = stack.client().chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=[{"role": "user", "content": "Talk"}],
         max_tokens=120,
         stream=True,

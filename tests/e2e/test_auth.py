@@ -45,7 +45,7 @@ def _assert_401(exc: openai.AuthenticationError) -> None:
 def test_wrong_key_is_a_401(keyed_server: RunningServer) -> None:
     client = _client(keyed_server, "wrong-key")
     with pytest.raises(openai.AuthenticationError) as info:
-        client.chat.completions.create(model="corral-default", messages=MESSAGES, max_tokens=5)
+        client.chat.completions.create(model="corral-tiny", messages=MESSAGES, max_tokens=5)
     _assert_401(info.value)
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
@@ -61,10 +61,10 @@ def test_no_authorization_header_is_a_401(keyed_server: RunningServer) -> None:
 @pytest.mark.parametrize("key", KEYS)
 def test_each_configured_key_is_served(keyed_server: RunningServer, key: str) -> None:
     client = _client(keyed_server, key)
-    resp = client.chat.completions.create(model="corral-default", messages=MESSAGES, max_tokens=20,
+    resp = client.chat.completions.create(model="corral-tiny", messages=MESSAGES, max_tokens=20,
                                           extra_body={"structured_outputs": {"choice": ["in", "out"]}})
     assert resp.choices[0].message.content in ("in", "out")
-    with client.chat.completions.stream(model="corral-default", messages=MESSAGES, max_tokens=20) as stream:
+    with client.chat.completions.stream(model="corral-tiny", messages=MESSAGES, max_tokens=20) as stream:
         final = stream.get_final_completion()
     assert final.choices[0].finish_reason == "stop"
 

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 BACKENDS = ["xgrammar", "llguidance", "auto"]
 AUTO_JSON_ATTEMPTS = ["llguidance", "llguidance (decode-safe)", "xgrammar", "xgrammar (decode-safe)"]
 MESSAGES: list[Any] = [{"role": "user", "content": "hello"}]

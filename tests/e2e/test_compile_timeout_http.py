@@ -35,7 +35,7 @@ def test_exploding_regex_is_refused_in_time_and_then_at_once(strict_server: Runn
         for _ in range(3):
             t0 = time.monotonic()
             resp = client.chat.completions.create(
-                model="corral-default", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+                model="corral-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
                 extra_body={"structured_outputs": {"choice": ["on", "off"]}})
             assert resp.choices[0].message.content in ("on", "off")
             ordinary.append(time.monotonic() - t0)
@@ -45,7 +45,7 @@ def test_exploding_regex_is_refused_in_time_and_then_at_once(strict_server: Runn
     other.start()
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="corral-default", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+            model="corral-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
             extra_body={"structured_outputs": {"regex": HOSTILE_REGEX}})
     first = time.monotonic() - started
     other.join(timeout=60)
@@ -58,7 +58,7 @@ def test_exploding_regex_is_refused_in_time_and_then_at_once(strict_server: Runn
     t0 = time.monotonic()
     with pytest.raises(openai.BadRequestError) as again:
         client.chat.completions.create(
-            model="corral-default", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+            model="corral-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
             extra_body={"structured_outputs": {"regex": HOSTILE_REGEX}})
     assert again.value.body["code"] == "grammar_compile_timeout"  # type: ignore[index]
     second = time.monotonic() - t0

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 BACKENDS = ["xgrammar", "llguidance", "auto"]
 KNOWN_BACKENDS = {"xgrammar", "llguidance"}
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]

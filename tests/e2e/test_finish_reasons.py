@@ -20,7 +20,7 @@ from openai.types.completion_choice import CompletionChoice
 
 from server.openai.finish import FinishReason, finish_fields, openai_finish_reason
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]
 CHAT_ENUM = set(get_args(Choice.model_fields["finish_reason"].annotation))
 COMPLETION_ENUM = set(get_args(CompletionChoice.model_fields["finish_reason"].annotation))

@@ -21,7 +21,7 @@ def test_repeated_system_prompt_hits_the_prefix_cache(server: RunningServer, cli
     answers = []
     for question in ("first", "second", "first"):
         response = client.chat.completions.create(
-            model="corral-default",
+            model="corral-tiny",
             messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
             max_tokens=8,
             temperature=0,

@@ -22,7 +22,7 @@ COLORS = ["red", "green", "blue"]
 
 
 def chat(client: Any, **kwargs: Any) -> Any:
-    return client.chat.completions.create(model="corral-default", **{"messages": ASK, **kwargs})
+    return client.chat.completions.create(model="corral-tiny", **{"messages": ASK, **kwargs})
 
 
 def letters(client: Any, n: int = 24, **kwargs: Any) -> str:
@@ -100,7 +100,7 @@ def test_out_of_range_sampling_fields_are_refused_by_name(client: Any, field: st
 
 def test_completions_logprobs_have_openais_shape(client: Any) -> None:
     resp = client.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         prompt="Letters:",
         logprobs=2,
         temperature=1.0,
@@ -119,7 +119,7 @@ def test_completions_logprobs_have_openais_shape(client: Any) -> None:
 
 def test_streamed_completions_logprobs_line_up_with_the_text(client: Any) -> None:
     stream = client.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         prompt="Letters:",
         logprobs=1,
         stream=True,

@@ -11,7 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 BACKENDS = ["xgrammar", "llguidance", "auto"]
 MESSAGES: list[Any] = [{"role": "user", "content": "Describe a person."}]
 

@@ -30,7 +30,7 @@ def test_short_request_after_long_one_finishes_first(server: RunningServer, clie
 
     def run(name: str, max_tokens: int) -> None:
         client.chat.completions.create(
-            model="corral-default", messages=CHAT, max_tokens=max_tokens, extra_body={"ignore_eos": True}
+            model="corral-tiny", messages=CHAT, max_tokens=max_tokens, extra_body={"ignore_eos": True}
         )
         finished.append(name)
 
@@ -45,7 +45,7 @@ def test_short_request_after_long_one_finishes_first(server: RunningServer, clie
 
 def test_client_disconnect_mid_stream_frees_the_slot(server: RunningServer) -> None:
     service: Any = server.service
-    body = {"model": "corral-default", "messages": CHAT, "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    body = {"model": "corral-tiny", "messages": CHAT, "max_tokens": 2000, "stream": True, "ignore_eos": True}
     with (
         httpx.Client(timeout=30) as http,
         http.stream("POST", f"{server.base_url}/v1/chat/completions", json=body) as resp,
@@ -67,17 +67,17 @@ def test_full_queue_answers_429_and_then_serves_again(
     monkeypatch.setattr(service.settings, "max_queue", 1)
     blocker = threading.Thread(
         target=lambda: client.chat.completions.create(
-            model="corral-default", messages=CHAT, max_tokens=400, extra_body={"ignore_eos": True}
+            model="corral-tiny", messages=CHAT, max_tokens=400, extra_body={"ignore_eos": True}
         )
     )
     blocker.start()
     _wait_for(lambda: service.in_flight == 1)
     with pytest.raises(openai.RateLimitError) as info:
-        client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=4)
+        client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=4)
     assert info.value.status_code == 429
     assert info.value.body["code"] == "queue_full"  # type: ignore[index]
     blocker.join(timeout=120)
-    ok = client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=4)
+    ok = client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=4)
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
@@ -112,7 +112,7 @@ def test_metrics_expose_documented_names_and_move(server: RunningServer, client:
     before = httpx.get(f"{server.base_url}/metrics").text
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     client.chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=CHAT,
         max_tokens=50,
         extra_body={"structured_outputs": {"json": schema, "backend": "llguidance"}},
@@ -143,7 +143,7 @@ def test_outcomes_are_counted_by_the_mode_the_request_used(server: RunningServer
     for mode, fields in modes.items():
         key = f'corral_mode_outcomes_total{{mode="{mode}",'  # every outcome of this mode
         before = _sample(httpx.get(f"{server.base_url}/metrics").text, key)
-        reply = client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=2, **fields)
+        reply = client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=2, **fields)
         after = httpx.get(f"{server.base_url}/metrics").text
         assert _sample(after, key) == before + 1, mode
         outcome = reply.choices[0].corral_finish_reason  # type: ignore[attr-defined]
@@ -158,7 +158,7 @@ def server_docs() -> str:
 
 def test_stream_reports_extras_in_last_chunk(server: RunningServer) -> None:
     body = {
-        "model": "corral-default",
+        "model": "corral-tiny",
         "messages": CHAT,
         "max_tokens": 30,
         "stream": True,

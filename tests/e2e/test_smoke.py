@@ -13,7 +13,7 @@ SCHEMA = {
 
 def test_json_schema_answer_conforms(client: Any) -> None:
     resp = client.chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=[{"role": "user", "content": "a person"}],
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
         max_tokens=200,

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from conftest import SAMPLE_BENCH, RunningServer
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Oslo?"}]
 WEATHER: dict[str, Any] = {
     "type": "object",

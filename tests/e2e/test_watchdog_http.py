@@ -27,7 +27,7 @@ def test_whitespace_loop_under_a_regex_is_cut_short(server: RunningServer, clien
 
     def run_ordinary() -> None:
         ordinary["resp"] = client.chat.completions.create(
-            model="corral-default",
+            model="corral-tiny",
             messages=CHAT,
             max_tokens=40,
             extra_body={"structured_outputs": {"choice": ["red", "green"]}},
@@ -37,7 +37,7 @@ def test_whitespace_loop_under_a_regex_is_cut_short(server: RunningServer, clien
     started = time.monotonic()
     other.start()
     resp = client.chat.completions.create(
-        model="corral-default",
+        model="corral-tiny",
         messages=CHAT,
         max_tokens=3000,
         logit_bias={str(space): 100},
@@ -61,7 +61,7 @@ def test_revisions_over_http_stream_only_final_text(server: RunningServer, clien
     service: Any = server.service
     revise = service.loaded.revision_token_id
     body = {
-        "model": "corral-default",
+        "model": "corral-tiny",
         "messages": CHAT,
         "max_tokens": 20,
         "temperature": 0,

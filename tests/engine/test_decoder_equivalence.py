@@ -1,4 +1,4 @@
-"""corral's own decoder equals transformers' forward on small random-weight Llama-family checkpoints.
+"""corral's own decoder equals transformers' forward on small random-weight Llama-family and Gemma 3 checkpoints.
 
 Each config is built with transformers, given random weights (biases and norm gains too, which transformers
 initialises to 0 and 1), saved as safetensors and loaded back through corral's path. The reference is
@@ -9,6 +9,7 @@ forced tokens are), a revision rollback, and rows admitted through prefix-cache 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,23 +70,66 @@ def _mistral() -> Any:
     return MistralConfig(**_COMMON, sliding_window=None, tie_word_embeddings=False)
 
 
-CONFIGS: dict[str, Callable[[], Any]] = {"llama3": _llama3, "qwen2": _qwen2, "qwen3": _qwen3, "mistral": _mistral}
+def _gemma3() -> Any:
+    """Gemma 3's shape at small size: a sliding layer (window 24, shorter than the rows, so keys leave it)
+    then a global one, each with its own RoPE base; a query scale that is not 1/sqrt(head_dim)."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        **_COMMON,
+        head_dim=32,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=20,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+        tie_word_embeddings=True,
+    )
+
+
+def _sliding_mistral() -> Any:
+    """One window for every layer (Mistral's form), shorter than the rows."""
+    from transformers import MistralConfig
+
+    return MistralConfig(**_COMMON, sliding_window=20, tie_word_embeddings=False)
+
+
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama3": _llama3,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mistral": _mistral,
+    "mistral-sliding": _sliding_mistral,
+    "gemma3": _gemma3,
+}
+
+
+REAL = "gemma-3-270m"  # the built-in real model: its trained weights, as served
+# Real logits reach ~30; 18 layers of 640-wide fp32 sums, summed in another order, differ by up to ~2e-3.
+REAL_TOLERANCE = 5e-3
 
 
 @dataclass
 class Checkpoint:
     reference: Any  # the transformers model
     ours: LoadedModel
+    tolerance: float = TOLERANCE
 
 
-@pytest.fixture(scope="module", params=[(name, packed) for name in sorted(CONFIGS) for packed in (False, True)],
+@pytest.fixture(scope="module",
+                params=[*((name, packed) for name in sorted(CONFIGS) for packed in (False, True)), (REAL, True)],
                 ids=lambda p: f"{p[0]}-{'onednn' if p[1] else 'plain'}")
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     """Each config twice: with the small weights on F.linear (as served), and with every projection
-    forced onto the oneDNN-packed path that real-sized weights take on CPU, the head split in slices."""
+    forced onto the oneDNN-packed path that real-sized weights take on CPU, the head split in slices.
+    Then the real Gemma 3 270M (real-sized, so packed as served), against transformers' Gemma3ForCausalLM."""
     from transformers import AutoModelForCausalLM
 
     name, packed = request.param
+    if name == REAL:
+        return _real_checkpoint()
     config = CONFIGS[name]()
     torch.manual_seed(0)
     model: Any = AutoModelForCausalLM.from_config(config)
@@ -123,6 +167,18 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         impl="corral",
     )
     return Checkpoint(model, loaded)
+
+
+@functools.cache
+def _real_checkpoint() -> Checkpoint:
+    from transformers import AutoModelForCausalLM
+
+    from server.models import load_model
+
+    real = load_model(REAL, device="cpu", dtype="float32", model_impl="corral")
+    reference = AutoModelForCausalLM.from_pretrained(real.path, dtype=torch.float32, attn_implementation="sdpa")
+    assert type(reference).__name__ == "Gemma3ForCausalLM" and real.vocab_size == 262_144
+    return Checkpoint(reference.eval(), real, REAL_TOLERANCE)
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -168,7 +224,7 @@ def _check(ckpt: Checkpoint, row: Row) -> None:
     with torch.no_grad():
         reference = ckpt.reference(torch.tensor([row.full])).logits[0].float()
     for position, got in row.logits.items():
-        torch.testing.assert_close(got, reference[position], rtol=TOLERANCE, atol=TOLERANCE)
+        torch.testing.assert_close(got, reference[position], rtol=ckpt.tolerance, atol=ckpt.tolerance)
         if position in row.greedy:
             assert row.full[position + 1] == int(reference[position].argmax()), f"greedy differs at {position}"
 
@@ -239,3 +295,30 @@ def test_prefix_cache_hits_match_transformers(checkpoint: Checkpoint) -> None:
     for row in (*rows, next_turn):
         _check(checkpoint, row)
     assert runner.prefix.hit_tokens == 2 * BLOCK_SIZE + 3 * BLOCK_SIZE - 1 + hit
+
+
+def test_real_model_past_its_sliding_window() -> None:
+    """Gemma 3 270M's sliding layers see 512 keys: a 600-token context, prefilled in two pieces and then
+    decoded, matches transformers at every fed position past the window; the window changes the answer."""
+    ckpt = _real_checkpoint()
+    runner = ModelRunner(ckpt.ours, max_batch=2, max_len=1024, prefix_cache=False)
+    tokens = torch.randint(10, 20_000, (620,), generator=torch.Generator().manual_seed(7)).tolist()
+    with torch.no_grad():
+        reference = ckpt.reference(torch.tensor([tokens])).logits[0].float()
+    got = {99: runner.forward([ForwardRow(0, 0, tokens[:100])])[0]}
+    got[599] = runner.forward([ForwardRow(0, 100, tokens[100:600])])[0]
+    for position in range(600, 620):  # decode steps beside a short row in slot 1 (one shared batch)
+        both = runner.forward([ForwardRow(0, position, tokens[position : position + 1]),
+                               ForwardRow(1, position - 600, tokens[position - 600 : position - 599])])
+        got[position] = both[0]
+    for position, logits in got.items():
+        torch.testing.assert_close(logits, reference[position], rtol=ckpt.tolerance, atol=ckpt.tolerance)
+        assert int(logits.argmax()) == int(reference[position].argmax())
+    window = runner.cache.window
+    assert window == 512
+    runner.cache.window = None  # every layer attending fully: not what the model computes past 512
+    try:
+        unwindowed = runner.forward([ForwardRow(1, 0, tokens[:600])])[0]
+    finally:
+        runner.cache.window = window
+    assert (unwindowed - reference[599]).abs().max() > 1.0

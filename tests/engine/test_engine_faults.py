@@ -24,7 +24,7 @@ CHAT = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None, device="cpu")
+    return load_model("corral-tiny", device="cpu")
 
 
 def _final(outputs: list[SeqOutput], timeout: float = 60.0) -> SeqOutput:
@@ -166,7 +166,7 @@ def test_a_stuck_loop_still_answers_when_stopped(loaded: LoadedModel, monkeypatc
 # -- over HTTP ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**80])
 def test_a_seed_outside_int64_is_a_400_naming_seed(server: RunningServer, seed: int) -> None:
-    body = {"model": "corral-default", "messages": CHAT, "max_tokens": 2, "seed": seed}
+    body = {"model": "corral-tiny", "messages": CHAT, "max_tokens": 2, "seed": seed}
     resp = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "seed"
@@ -174,7 +174,7 @@ def test_a_seed_outside_int64_is_a_400_naming_seed(server: RunningServer, seed: 
 
 def test_the_int64_extremes_are_served(server: RunningServer, client: Any) -> None:
     for seed in (2**63 - 1, -(2**63)):
-        resp = client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=2, seed=seed, n=2)
+        resp = client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=2, seed=seed, n=2)
         assert [c.finish_reason for c in resp.choices] != [] and all(
             c.finish_reason in ("stop", "length") for c in resp.choices
         )
@@ -187,19 +187,19 @@ def test_a_streamed_request_over_the_limit_is_a_real_429(
     monkeypatch.setattr(service.settings, "max_queue", 1)
     blocker = threading.Thread(
         target=lambda: client.chat.completions.create(
-            model="corral-default", messages=CHAT, max_tokens=300, extra_body={"ignore_eos": True}
+            model="corral-tiny", messages=CHAT, max_tokens=300, extra_body={"ignore_eos": True}
         )
     )
     blocker.start()
     deadline = time.monotonic() + 60
     while service.in_flight < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    body = {"model": "corral-default", "messages": CHAT, "max_tokens": 4, "stream": True}
+    body = {"model": "corral-tiny", "messages": CHAT, "max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as resp:
         status, payload = resp.status_code, resp.read()
     assert status == 429, payload  # before the fix: 200, then the error inside the event stream
     with pytest.raises(openai.RateLimitError):
-        client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=4, stream=True)
+        client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=4, stream=True)
     blocker.join(timeout=120)
-    with client.chat.completions.create(model="corral-default", messages=CHAT, max_tokens=4, stream=True) as stream:
+    with client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=4, stream=True) as stream:
         assert [c for c in stream][-1].choices[0].finish_reason in ("stop", "length")

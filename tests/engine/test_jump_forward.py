@@ -18,7 +18,7 @@ from server.models import LoadedModel, load_model
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None, device="cpu")
+    return load_model("corral-tiny", device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ SYSTEM = "You are a careful assistant that answers in JSON. " * 6
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None, device="cpu")
+    return load_model("corral-tiny", device="cpu")
 
 
 def _prompt(loaded: LoadedModel, user: str) -> list[int]:

@@ -35,7 +35,7 @@ SCHEMAS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None, device="cpu")
+    return load_model("corral-tiny", device="cpu")
 
 
 def test_restricted_logits_equal_the_masked_full_projection(loaded: LoadedModel) -> None:

@@ -30,7 +30,7 @@ class Hostile:
 
 def chat(name: str, known_failure: str | None = None, path: str = CHAT, **fields: Any) -> Hostile:
     """A request that is ordinary but for `fields` (max_tokens small so accepted cases finish fast)."""
-    body: dict[str, Any] = {"model": "corral-default", "max_tokens": 24}
+    body: dict[str, Any] = {"model": "corral-tiny", "max_tokens": 24}
     body.update({"prompt": "hi"} if path == COMPLETIONS else {"messages": MESSAGES})
     body.update(fields)
     text = json.dumps(body, allow_nan=True)
@@ -46,7 +46,7 @@ def with_fragment(key_path: str, fragment: str) -> str:
     inner = fragment
     for key in reversed(key_path.split(".")):
         inner = f'{{"{key}": {inner}}}'
-    return f'{{"model": "corral-default", "max_tokens": 24, "messages": {json.dumps(MESSAGES)}, {inner[1:-1]}}}'
+    return f'{{"model": "corral-tiny", "max_tokens": 24, "messages": {json.dumps(MESSAGES)}, {inner[1:-1]}}}'
 
 
 def nested_object_schema(depth: int) -> str:
@@ -163,18 +163,18 @@ CORPUS: list[Hostile] = [
     chat("n_million", n=1_000_000),
     chat("top_logprobs_million", logprobs=True, top_logprobs=1_000_000),
     # -- duplicate keys ----------------------------------------------------------------------------------------
-    raw("duplicate_messages_key", '{"model": "corral-default", "max_tokens": 24, "messages": [{"role": "user", '
+    raw("duplicate_messages_key", '{"model": "corral-tiny", "max_tokens": 24, "messages": [{"role": "user", '
         '"content": "hi"}], "messages": "not a list"}'),
     raw("duplicate_constraint_key",
-        '{"model": "corral-default", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}], '
+        '{"model": "corral-tiny", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}], '
         '"structured_outputs": {"choice": ["a", "b"], "choice": ["yes", "no"]}}',
         request={"messages": MESSAGES, "structured_outputs": {"choice": ["yes", "no"]}}),
     # -- bodies that are not JSON, not UTF-8, cut short, or not the right shape ---------------------------------
-    raw("invalid_utf8_body", b'{"model": "corral-default", "messages": [{"role": "user", "content": "\xff\xfe\xc3"}]}'),
-    raw("lone_surrogate_escape", '{"model": "corral-default", "max_tokens": 8, "messages": [{"role": "user", '
+    raw("invalid_utf8_body", b'{"model": "corral-tiny", "messages": [{"role": "user", "content": "\xff\xfe\xc3"}]}'),
+    raw("lone_surrogate_escape", '{"model": "corral-tiny", "max_tokens": 8, "messages": [{"role": "user", '
         '"content": "\\ud800\\udfff\\udc00"}]}'),
     chat("nul_characters", messages=[{"role": "user", "content": "a\u0000b\u0000" * 100}], max_tokens=8),
-    raw("truncated_body", '{"model": "corral-default", "messages": [{"role": "us'),
+    raw("truncated_body", '{"model": "corral-tiny", "messages": [{"role": "us'),
     raw("truncated_in_schema", '{"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"json": '
         '{"type": "obj'),
     raw("empty_body", b""),

@@ -15,7 +15,7 @@ from hostile_corpus import CORPUS, Hostile
 
 from benchmarks.fuzz.probe import connection_of, exchange
 
-ORDINARY = {"model": "corral-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
+ORDINARY = {"model": "corral-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
             "structured_outputs": {"choice": ["fine", "good"]}}
 
 

@@ -28,7 +28,7 @@ from mediation import (
 )
 from mediation.modes import fetch_corral_capabilities
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 PROMPT = "A person"
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 120}
 

@@ -96,7 +96,7 @@ def test_a_request_waits_for_a_compile_thread_within_a_deadline(
     monkeypatch.setattr(service, "compile_queue_wait_s", 0.5)
     try:
         body = {
-            "model": "corral-default",
+            "model": "corral-tiny",
             "messages": [{"role": "user", "content": "x"}],
             "structured_outputs": {"regex": "[a-f]{2}-queued-[0-9]"},  # not in the cache
         }
@@ -119,7 +119,7 @@ def test_out_of_memory_reaches_the_client_as_its_own_code(
 
     monkeypatch.setattr(service.grammars, "compile", refuse)
     body = {
-        "model": "corral-default",
+        "model": "corral-tiny",
         "messages": [{"role": "user", "content": "x"}],
         # A choice no other test sent: a cached grammar is answered before `compile` is called.
         "structured_outputs": {"choice": [f"oom-{uuid.uuid4().hex}", "b"]},

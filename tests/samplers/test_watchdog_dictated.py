@@ -18,7 +18,7 @@ from samplers.bitmask import unpack_rows
 from samplers.protocol import allocate_bitmask
 from samplers.watchdog import StallDetector, WatchdogLimits, dictated
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]
 
 

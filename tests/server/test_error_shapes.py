@@ -23,7 +23,7 @@ from server.cli import settings_from_args
 from server.openai.request_limits import add_outer_middleware
 from server.settings import Settings
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHOICE_OK = {"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "structured_outputs": {"choice": ["yes", "no"]}}
 JSON = {"content-type": "application/json"}
@@ -74,7 +74,7 @@ def test_wrong_method_is_a_405_naming_the_allowed_one(http: httpx.Client, method
 
 
 def test_unparseable_body_names_line_and_column_not_a_param(http: httpx.Client) -> None:
-    body = '{"model": "corral-default",\n "messages": [}'
+    body = '{"model": "corral-tiny",\n "messages": [}'
     response = http.post("/v1/chat/completions", content=body, headers=JSON)
     error = openai_error(response, 400)
     assert error["param"] is None  # FastAPI's location was the character offset, which read like a field ("28")

@@ -21,7 +21,7 @@ from server.openai.request_limits import json_depth
 from server.openai.tools import parse_tools
 from server.settings import Settings
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHOICE_OK = {"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "structured_outputs": {"choice": ["yes", "no"]}}
 

@@ -35,11 +35,11 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def default(cache_root: Path) -> Iterator[LoadedModel]:
-    # load_model(None) must find the cache through CORRAL_CACHE_DIR, not ~/.cache. These tests check the
+    # load_model("corral-tiny") must find the cache through CORRAL_CACHE_DIR, not ~/.cache. These tests check the
     # checkpoint itself, so they read it through transformers' reference forward.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
-        yield load_model(None, device="cpu", model_impl="transformers")
+        yield load_model("corral-tiny", device="cpu", model_impl="transformers")
 
 
 def _next_logits(loaded: LoadedModel, text: str) -> torch.Tensor:
@@ -89,7 +89,7 @@ def test_tokenizer_has_revision_token(default: LoadedModel) -> None:
 
 
 def test_loaded_default_metadata(default: LoadedModel) -> None:
-    assert default.name == "corral-default"
+    assert default.name == "corral-tiny"
     assert default.path.name == MODEL_DIRNAME
     assert EOT_ID in default.stop_token_ids
     assert END_OF_TEXT_ID in default.stop_token_ids
@@ -245,7 +245,7 @@ def test_default_model_runs_on_corrals_decoder(cache_root: Path, default: Loaded
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
-        own = load_model(None, device="cpu")
+        own = load_model("corral-tiny", device="cpu")
     assert own.impl == "corral" and isinstance(own.model, LlamaFamilyModel)
     assert (own.stop_token_ids, own.context_length, own.vocab_size) == (
         default.stop_token_ids,

@@ -12,7 +12,7 @@ import openai
 import pytest
 from conftest import RunningServer
 
-MODEL = "corral-default"
+MODEL = "corral-tiny"
 CHOICE: dict[str, Any] = {"structured_outputs": {"choice": ["red", "green", "blue"]}}
 
 

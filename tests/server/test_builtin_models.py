@@ -1,0 +1,215 @@
+"""`--model` names: built-in models (gemma-3-270m, corral-tiny), GGUF files, and the build cache behind both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from server.models import ModelLoadError, load_model
+from server.models.build_cache import MARKER, cached_build, is_complete
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- names and errors ---------------------------------------------------------------------------------------------
+def test_an_unknown_name_lists_the_built_in_models() -> None:
+    with pytest.raises(ModelLoadError, match=r"'gemma-3-27b'.*gemma-3-270m, corral-tiny"):
+        load_model("gemma-3-27b", device="cpu")
+
+
+def test_a_file_that_is_not_gguf_is_refused_clearly(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_model(bogus, device="cpu")
+
+
+def test_a_gguf_of_an_unsupported_architecture_names_it(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "encoder.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    _write(writer)
+    with pytest.raises(ModelLoadError, match=r"'bert' model; corral reads GGUF files of these architectures: llama"):
+        load_model(path, device="cpu")
+
+
+def test_a_chat_template_file_replaces_the_models(tmp_path: Path) -> None:
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}|{% endfor %}")
+    loaded = load_model("corral-tiny", device="cpu", chat_template=template)
+    text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "hi|"
+    with pytest.raises(ModelLoadError, match="Could not read the chat template"):
+        load_model("corral-tiny", device="cpu", chat_template=tmp_path / "missing.jinja")
+
+
+# -- the build cache ------------------------------------------------------------------------------------------
+_SLOW_BUILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from server.models.build_cache import cached_build
+
+    def build(out: Path) -> None:
+        with open(sys.argv[2], "a") as log:
+            log.write("built\\n")
+        time.sleep(1.5)  # long enough for the other process to arrive while this one builds
+        (out / "weights.bin").write_bytes(b"x" * 1000)
+
+    print(cached_build(Path(sys.argv[1]), build, "a stand-in model"))
+""")
+
+
+def test_two_processes_building_at_once_build_once(tmp_path: Path) -> None:
+    target, log = tmp_path / "cache" / "models" / "m", tmp_path / "builds.log"
+    cmd = [sys.executable, "-c", _SLOW_BUILD, str(target), str(log)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outputs == [str(target)] * 2
+    assert log.read_text().count("built") == 1
+    assert is_complete(target) and (target / "weights.bin").stat().st_size == 1000
+    assert not list(target.parent.glob(".m.tmp-*"))
+
+
+def test_an_interrupted_or_unmarked_build_is_rebuilt(tmp_path: Path) -> None:
+    target = tmp_path / "m"
+    calls: list[Path] = []
+
+    def build(out: Path) -> None:
+        calls.append(out)
+        (out / "weights.bin").write_bytes(b"w")
+
+    def failing(out: Path) -> None:
+        (out / "weights.bin").write_bytes(b"half")
+        raise RuntimeError("cut off")
+
+    with pytest.raises(RuntimeError):
+        cached_build(target, failing, "m")
+    assert not target.exists() and not list(tmp_path.glob(".m.tmp-*"))  # nothing half-written is left
+    target.mkdir()  # e.g. a copy without its marker
+    (target / "weights.bin").write_bytes(b"old")
+    assert cached_build(target, build, "m") == target and len(calls) == 1
+    assert (target / "weights.bin").read_bytes() == b"w"
+    assert json.loads((target / MARKER).read_text())["files"] == ["weights.bin"]
+    (target / "weights.bin").unlink()  # a file the marker lists went missing: rebuilt
+    cached_build(target, build, "m")
+    assert len(calls) == 2
+    cached_build(target, build, "m")  # complete: reused
+    assert len(calls) == 2
+
+
+# -- the real default model -------------------------------------------------------------------------------------
+def test_gemma_is_the_default_and_speaks_gemma_turns() -> None:
+    loaded = load_model(None, device="cpu")
+    assert loaded.name == "gemma-3-270m" and loaded.impl == "corral"
+    assert type(loaded.model).__name__ == "LlamaFamilyModel" and loaded.vocab_size == 262_144
+    assert loaded.model.config.architectures == ["Gemma3ForCausalLM"]
+    assert loaded.dtype == torch.float32 and loaded.context_length == 32_768
+    assert {1, 106} <= set(loaded.stop_token_ids)  # <eos> and <end_of_turn>
+    tok = loaded.tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                    "<start_of_turn>model\nHello.<end_of_turn>\n"
+                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert list(ids).count(2) == 1  # one <bos>: the template writes it, tokenizing adds none
+
+
+# -- a GGUF file of the Llama family, written here from corral-tiny ---------------------------------------------
+def _write(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp stores q/k rows of each head interleaved (its RoPE pairs adjacent dims); readers undo it."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _tiny_as_gguf(path: Path) -> None:
+    import gguf
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer
+
+    src = load_model("corral-tiny", device="cpu", model_impl="transformers").path
+    config = json.loads((src / "config.json").read_text())
+    tok: Any = AutoTokenizer.from_pretrained(src)
+    tensors = load_file(str(src / "model.safetensors"))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
+    assert [i for _, i in vocab] == list(range(len(vocab)))
+    special = set(tok.all_special_ids) | {i for t, i in vocab if t.startswith("<|") and t.endswith("|>")}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list([t for t, _ in vocab])
+    writer.add_token_types([3 if i in special else 1 for _, i in vocab])
+    merges = json.loads((src / "tokenizer.json").read_text())["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(tok.bos_token_id)
+    writer.add_eos_token_id(tok.eos_token_id)
+    writer.add_chat_template(tok.chat_template)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    writer.add_tensor("token_embd.weight", tensors["model.embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", tensors["model.norm.weight"])
+    writer.add_tensor("output.weight", tensors["lm_head.weight"])
+    for layer in range(config["num_hidden_layers"]):
+        for hf, ours in names.items():
+            weight = tensors[f"model.layers.{layer}.{hf}.weight"]
+            if ours == "attn_q":
+                weight = _llama_cpp_permute(weight, config["num_attention_heads"])
+            elif ours == "attn_k":
+                weight = _llama_cpp_permute(weight, config["num_key_value_heads"])
+            writer.add_tensor(f"blk.{layer}.{ours}.weight", weight)
+    _write(writer)
+
+
+def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """corral-tiny written as a GGUF (llama.cpp's layout: permuted q/k, GPT-2 style vocabulary) loads through
+    `--model FILE.gguf` into the same model: same tokens, same logits, same chat template and stop tokens."""
+    from server.engine.model_runner import ForwardRow, ModelRunner
+
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    _tiny_as_gguf(path)
+    ours = load_model(path, device="cpu")
+    tiny = load_model("corral-tiny", device="cpu")
+    assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == tmp_path / "cache" / "models"
+    text = 'Héllo, wörld! {"a": [1, 2.5]} 🙂'
+    assert ours.tokenizer.encode(text) == tiny.tokenizer.encode(text)
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.tokenizer.apply_chat_template(messages, tokenize=False) == tiny.tokenizer.apply_chat_template(
+        messages, tokenize=False)
+    assert set(tiny.stop_token_ids) <= set(ours.stop_token_ids) | {tiny.revision_token_id}
+    prompt = tiny.tokenizer.encode(text)
+    logits = [ModelRunner(m, max_batch=1, max_len=64).forward([ForwardRow(0, 0, prompt)])[0] for m in (ours, tiny)]
+    torch.testing.assert_close(logits[0][: tiny.vocab_size - 1], logits[1][: tiny.vocab_size - 1])
+    assert load_model(path, device="cpu").path == ours.path  # converted once, then reused
