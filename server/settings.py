@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -91,6 +91,12 @@ class Settings(BaseSettings):
         None, description="allow browser requests from this origin (CORS; off by default); repeat the flag"
     )
     log_level: str = "info"
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _empty_model_is_default(cls, value: object) -> object:
+        # CORRAL_MODEL= (set but empty) means the default model, not the current directory.
+        return None if isinstance(value, str) and not value.strip() else value
 
     def api_keys(self) -> frozenset[str]:
         return frozenset(k.strip() for k in (self.api_key or "").split(",") if k.strip())

@@ -39,7 +39,7 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 os.environ["LANGSMITH_TRACING"] = "false"
 os.environ["LANGCHAIN_TRACING_V2"] = "false"
 
-MODEL = "corral-tiny"
+MODEL = os.environ.get("CORRAL_MODEL") or "corral-tiny"  # the served model (tests/conftest.py: corral-tiny)
 PROMPT = "Describe a city."
 MAX_TOKENS = 300
 CONSTRAINT_FIELDS = ("response_format", "tools", "tool_choice", "structured_outputs")
