@@ -1,5 +1,5 @@
 """`corral bench ...`: benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, engine, mediation, fuzz, soak)."""
+prefix, engine, mediation, startup, fuzz, soak)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_prefix_parser(bench_sub)
     add_engine_parser(bench_sub)
     add_mediation_parser(bench_sub)
+    from benchmarks.startup.cli import add_startup_parser
+
+    add_startup_parser(bench_sub)
     from benchmarks.fuzz.cli import add_fuzz_parser  # issue 13: hostile-input fuzzing and soak
     from benchmarks.soak.cli import add_soak_parser
 
