@@ -17,7 +17,7 @@ def test_startup_bench_times_a_cold_and_a_warm_start(tmp_path: Path) -> None:
     assert [r["run"] for r in rows] == ["cold", "warm 1"]
     for row in rows:
         assert row["healthy_s"] > 0 and 0 < row["rss_mib"] <= row["peak_rss_mib"]
-        assert isinstance(row["text"], str) and row["text"]
+        assert isinstance(row["text"], str)  # the warm-up answer (corral-tiny may end at once)
     assert (out / "startup.png").stat().st_size > 0
     assert "time to healthy and memory" in done.stdout
 
