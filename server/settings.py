@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     device: Literal["cpu", "cuda"] | None = Field(None, description="default: cuda if available, else cpu")
     dtype: str = Field("auto", description="auto | float32 | bfloat16 | float16")
     model_impl: Literal["auto", "corral", "transformers"] = Field(
-        "auto", description="decoder: corral's own (Llama family), transformers, or auto (corral where supported)"
+        "auto",
+        description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
+        "supported; on CPU only until it has run on CUDA)",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(

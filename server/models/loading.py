@@ -86,7 +86,7 @@ def load_model(
     tokenizer = _load_tokenizer(model_dir, template)
     # Checked before the (slow) weight load so a bad flag fails fast.
     revision_token_id = _revision_token_id(tokenizer, revision_token)
-    impl = _choose_impl(model_impl, config)
+    impl = _choose_impl(model_impl, config, torch_device)
 
     model: Any  # transformers' stubs are partial; treat the model as Any at this boundary
     if impl == "corral":
@@ -114,12 +114,24 @@ def load_model(
     )
 
 
-def _choose_impl(model_impl: str, config: Any) -> str:
+# Devices corral's own decoder has a recorded run on (a test result or benchmark file from a real device in
+# this repository). `auto` chooses it only there: no path is the default on a device it has never run on.
+OWN_DECODER_VERIFIED_DEVICES = frozenset({"cpu"})
+
+
+def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
     from server.models.llama_family import unsupported_reason
 
     if model_impl not in ("auto", "corral", "transformers"):
         raise ModelLoadError(f"Unknown model implementation {model_impl!r}; choose auto, corral or transformers.")
     if model_impl == "transformers":
+        return "transformers"
+    if model_impl == "auto" and device.type not in OWN_DECODER_VERIFIED_DEVICES:
+        logger.info(
+            "serving with transformers: corral's own decoder has no recorded run on %s yet "
+            "(--model-impl corral forces it)",
+            device.type,
+        )
         return "transformers"
     reason = unsupported_reason(config.get_text_config())
     if reason is None:

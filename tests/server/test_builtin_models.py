@@ -213,3 +213,21 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
     logits = [ModelRunner(m, max_batch=1, max_len=64).forward([ForwardRow(0, 0, prompt)])[0] for m in (ours, tiny)]
     torch.testing.assert_close(logits[0][: tiny.vocab_size - 1], logits[1][: tiny.vocab_size - 1])
     assert load_model(path, device="cpu").path == ours.path  # converted once, then reused
+
+
+def test_auto_keeps_the_own_decoder_off_devices_it_never_ran_on(caplog: pytest.LogCaptureFixture) -> None:
+    """Until a CUDA run of the own decoder is recorded, `auto` serves Llama-family and Gemma models through
+    transformers there and says why; `--model-impl corral` still forces the own decoder; CPU keeps it."""
+    import logging
+
+    from transformers import AutoConfig
+
+    from server.models.default_model import ensure_default_model
+    from server.models.loading import _choose_impl
+
+    config = AutoConfig.from_pretrained(ensure_default_model())
+    with caplog.at_level(logging.INFO, logger="server.models.loading"):
+        assert _choose_impl("auto", config, torch.device("cuda")) == "transformers"
+    assert "no recorded run on cuda" in caplog.text
+    assert _choose_impl("corral", config, torch.device("cuda")) == "corral"
+    assert _choose_impl("auto", config, torch.device("cpu")) == "corral"
