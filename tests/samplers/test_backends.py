@@ -1,4 +1,5 @@
-"""Both built-in backends on the default model's tokenizer: matchers, masks, rollback and the compile cache."""
+"""Both built-in backends on both tokenizer families (Llama 3 BPE, Gemma SentencePiece): matchers, masks, rollback
+and the compile cache."""
 
 from __future__ import annotations
 
@@ -26,17 +27,17 @@ VALID = '{"age": 42, "name": "bob"}'
 INVALID = '{"age": "bob", "name": 42}'
 
 
-@pytest.fixture(scope="module")
-def tokenizer_spec() -> TokenizerSpec:
-    from transformers import AutoConfig, AutoTokenizer
+# Both tokenizer families corral serves: Llama 3's byte-level BPE (corral-tiny) and Gemma's SentencePiece-style
+# vocabulary with byte fallback (gemma-3-270m, 262,144 tokens): every test here runs on each.
+TOKENIZER_MODELS = ["corral-tiny", "gemma-3-270m"]
 
-    from server.models import ensure_default_model
 
-    model_dir = ensure_default_model()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    vocab_size = int(AutoConfig.from_pretrained(model_dir).vocab_size)
-    stops = [tok.eos_token_id, tok.convert_tokens_to_ids("<|end_of_text|>")]
-    return TokenizerSpec(tok, vocab_size, tuple(dict.fromkeys(int(t) for t in stops if t is not None)))
+@pytest.fixture(scope="module", params=TOKENIZER_MODELS)
+def tokenizer_spec(request: pytest.FixtureRequest) -> TokenizerSpec:
+    from server.models import load_model
+
+    loaded = load_model(str(request.param), device="cpu")
+    return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +171,12 @@ def test_rollback_zero_is_a_no_op(backend: SamplerBackend, tokenizer_spec: Token
 # -- bitmask fill ------------------------------------------------------------------------------------
 
 def vocab_ids(spec: TokenizerSpec, texts: list[str]) -> set[int]:
-    """Ids of tokens whose text is exactly one of `texts` (ASCII, so byte-level BPE stores them verbatim)."""
+    """Ids of tokens that spell exactly one of `texts` (ASCII: byte-level BPE and SentencePiece store them
+    verbatim), and for a one-character text also the byte-fallback token `<0xHH>` that spells the same byte
+    (Gemma's vocabulary has one per byte; Llama 3's has none)."""
     vocab: dict[str, int] = spec.hf_tokenizer.get_vocab()
-    return {vocab[t] for t in texts if t in vocab}
+    byte_tokens = [f"<0x{ord(t):02X}>" for t in texts if len(t) == 1]
+    return {vocab[t] for t in [*texts, *byte_tokens] if t in vocab}
 
 
 def test_bitmask_allows_exactly_the_grammars_next_tokens(backend: SamplerBackend,
