@@ -127,3 +127,49 @@ def test_instructor_json_mode_rests_on_the_model(gemma: RunningServer) -> None:
                                               "Alice is 31 and lives in Oslo."}],
     )
     assert person == Person(name="Alice", age=31, city="Oslo")
+
+
+# -- Gemma's tokenizer through detokenisation, streaming, stop strings and logprobs ------------------------------
+ACCENTED = ["café crème", "naïve 🙂", "jalapeño"]
+
+
+def _choice_request(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Pick a word with an accent."}],
+            "temperature": 0, "max_tokens": 24, "extra_body": {"structured_outputs": {"choice": ACCENTED}}, **extra}
+
+
+def test_streamed_non_ascii_equals_the_whole_answer(gemma: RunningServer) -> None:
+    """Multi-byte characters (split over byte-fallback tokens in Gemma's vocabulary) stream as whole characters:
+    no chunk carries U+FFFD and the chunks join to the non-streamed answer."""
+    client: Any = gemma.client()
+    whole = client.chat.completions.create(**_choice_request()).choices[0].message.content
+    assert whole in ACCENTED
+    chunks = [c.choices[0].delta.content or "" for c in client.chat.completions.create(**_choice_request(stream=True))
+              if c.choices]
+    assert "".join(chunks) == whole
+    assert not any("\ufffd" in c or "▁" in c for c in chunks)
+
+
+def test_logprob_bytes_spell_the_answer(gemma: RunningServer) -> None:
+    client: Any = gemma.client()
+    answer = client.chat.completions.create(**_choice_request(logprobs=True, top_logprobs=2)).choices[0]
+    content = answer.logprobs.content
+    assert bytes(b for entry in content for b in entry.bytes) == answer.message.content.encode()
+    for entry in content:  # greedy: the chosen token heads its alternatives (fewer where the grammar forced it)
+        assert 1 <= len(entry.top_logprobs) <= 2 and entry.top_logprobs[0].token == entry.token
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_cuts_the_text(gemma: RunningServer, stream: bool) -> None:
+    """Greedy, the model continues "The capital of France is" with " the capital of the country of France. …":
+    the stop string ends it there, excluded from the text, in both delivery modes."""
+    client: Any = gemma.client()
+    request = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 24, "temperature": 0,
+               "stop": [" France"]}
+    if stream:
+        text = "".join(c.choices[0].text for c in client.completions.create(**request, stream=True) if c.choices)
+    else:
+        done = client.completions.create(**request)
+        text = done.choices[0].text
+        assert done.choices[0].finish_reason == "stop"
+    assert text == " the capital of the country of"
