@@ -103,6 +103,21 @@ def tokenizer() -> object:
     return load_tokenizer_spec(None)
 
 
+# The two tokenizer families corral serves: Llama 3's byte-level BPE (corral-tiny) and Gemma's SentencePiece-style
+# vocabulary with byte fallback (gemma-3-270m, 262,144 tokens). Modules that prove a behaviour for every family
+# parametrize a module-scoped `tokenizer` fixture over these with `family_tokenizer`.
+TOKENIZER_FAMILIES = ["corral-tiny", "gemma-3-270m"]
+
+
+def family_tokenizer(model: str) -> object:
+    """`model`'s TokenizerSpec as `corral serve` sees it (vocabulary, logits width, stop tokens)."""
+    from samplers.protocol import TokenizerSpec
+    from server.models import load_model
+
+    loaded = load_model(model, device="cpu")
+    return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
+
+
 @pytest.fixture(scope="module")
 def backends(tokenizer: object) -> object:
     """Both built-in backends over `tokenizer`, per module (each BackendSet owns its compile workers)."""

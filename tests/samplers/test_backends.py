@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
 from grammars.spec import GrammarSpec
 from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
@@ -27,17 +28,12 @@ VALID = '{"age": 42, "name": "bob"}'
 INVALID = '{"age": "bob", "name": 42}'
 
 
-# Both tokenizer families corral serves: Llama 3's byte-level BPE (corral-tiny) and Gemma's SentencePiece-style
-# vocabulary with byte fallback (gemma-3-270m, 262,144 tokens): every test here runs on each.
-TOKENIZER_MODELS = ["corral-tiny", "gemma-3-270m"]
-
-
-@pytest.fixture(scope="module", params=TOKENIZER_MODELS)
+@pytest.fixture(scope="module", params=TOKENIZER_FAMILIES)
 def tokenizer_spec(request: pytest.FixtureRequest) -> TokenizerSpec:
-    from server.models import load_model
-
-    loaded = load_model(str(request.param), device="cpu")
-    return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
+    """Every test here runs on both tokenizer families (tests/conftest.py)."""
+    spec = family_tokenizer(str(request.param))
+    assert isinstance(spec, TokenizerSpec)
+    return spec
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
-"""Tool-call grammars on both engines (llguidance: Lark + %json; xgrammar: structural tags), token by token,
-and the contract guard over them under `auto`."""
+"""Tool-call grammars on both engines (llguidance: Lark + %json; xgrammar: structural tags) and both tokenizer
+families, token by token, and the contract guard over them under `auto`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
 from grammars.tools import FORMATS, tool_calls_spec
 from samplers.compilation import GrammarCache
@@ -21,6 +22,14 @@ POINT: dict[str, Any] = {
     "additionalProperties": False,
 }
 TOOLS = [("point", POINT), ("ping", {"type": "object", "properties": {}, "additionalProperties": False})]
+
+
+@pytest.fixture(scope="module", params=TOKENIZER_FAMILIES)
+def tokenizer(request: pytest.FixtureRequest) -> TokenizerSpec:
+    """Both tokenizer families (tests/conftest.py); conftest's `backends` builds on this one."""
+    spec = family_tokenizer(str(request.param))
+    assert isinstance(spec, TokenizerSpec)
+    return spec
 
 
 def feed(tokenizer: TokenizerSpec, matcher: Matcher, text: str) -> bool:
