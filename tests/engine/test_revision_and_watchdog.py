@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import TOKENIZER_FAMILIES
 
 from grammars.spec import GrammarSpec
 from samplers.compilation import GrammarCache
@@ -194,8 +195,17 @@ class _PlainBackend:
             matcher.fill_bitmask(bitmask, row)
 
 
+@pytest.fixture(scope="module", params=TOKENIZER_FAMILIES)
+def family_model(request: pytest.FixtureRequest, loaded: LoadedModel) -> LoadedModel:
+    """corral-tiny, then gemma-3-270m: a real model on Gemma's vocabulary, which has no revision token."""
+    return loaded if request.param == "corral-tiny" else load_model(str(request.param), device="cpu")
+
+
 @pytest.mark.parametrize(("max_revisions", "reason"), [(4, "stop"), (0, str(Trip.DEAD_END))])
-def test_dead_end_backtracks_or_ends_with_dead_end(loaded: LoadedModel, max_revisions: int, reason: str) -> None:
+def test_dead_end_backtracks_or_ends_with_dead_end(family_model: LoadedModel, max_revisions: int, reason: str) -> None:
+    """Backtracking needs no revision token: on either tokenizer family a dead end takes back the last real
+    choice (KV, matcher, output) and the answer goes on, or, with no revisions left, ends as `dead_end`."""
+    loaded = family_model
     engine = make_engine(loaded)
     a, b, c = (loaded.tokenizer.encode(t, add_special_tokens=False)[0] for t in ("A", "B", "C"))
     seq, _ = new_seq(
