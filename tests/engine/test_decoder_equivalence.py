@@ -10,7 +10,7 @@ forced tokens are), a revision rollback, and rows admitted through prefix-cache 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +167,13 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         impl="corral",
     )
     return Checkpoint(model, loaded)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_real_checkpoint() -> Iterator[None]:
+    """The real model and its transformers twin hold ~2.2 GB: free them when this module is done."""
+    yield
+    _real_checkpoint.cache_clear()
 
 
 @functools.cache
