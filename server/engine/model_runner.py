@@ -131,6 +131,11 @@ class TransformersForward:
         self._decoder: Any = model.get_decoder() if has_plain_head and hasattr(model, "get_decoder") else None
         self._head: Any = model.get_output_embeddings() if self._decoder is not None else None
         self.restricts_head = False
+        # Models whose layers alternate sliding-window and full attention (Gemma 3) take one mask per kind:
+        # a single 4-D mask would be used as given by every layer, letting sliding layers see past the window.
+        window = getattr(text_config, "sliding_window", None)
+        layer_types = getattr(text_config, "layer_types", None) or []
+        self._window: int | None = window if isinstance(window, int) and "sliding_attention" in layer_types else None
         self.cache = SlotKVCache(
             num_layers=int(text_config.num_hidden_layers),
             num_slots=max_batch,
@@ -170,10 +175,14 @@ class TransformersForward:
         key_index = torch.arange(span, device=self.device)
         # Row b's query i (at absolute position starts[b] + i) sees keys at positions <= its own.
         mask = key_index[None, None, :] <= positions[:, :, None]
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] = mask[:, None, :, :]
+        if self._window is not None:
+            in_window = mask & (key_index[None, None, :] > positions[:, :, None] - self._window)
+            attention_mask = {"full_attention": mask[:, None, :, :], "sliding_attention": in_window[:, None, :, :]}
         inputs = {
             "input_ids": input_ids,
             "position_ids": positions,
-            "attention_mask": mask[:, None, :, :],
+            "attention_mask": attention_mask,
             "past_key_values": self.cache,
             "use_cache": True,
         }

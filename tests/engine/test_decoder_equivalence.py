@@ -329,3 +329,25 @@ def test_real_model_past_its_sliding_window() -> None:
     finally:
         runner.cache.window = window
     assert (unwindowed - reference[599]).abs().max() > 1.0
+
+
+def test_transformers_path_keeps_sliding_layers_in_their_window() -> None:
+    """`--model-impl transformers` on a model with sliding and full layers (Gemma 3, window 24 here) gives each
+    kind its own mask: a row decoded past the window matches the model's own forward over the sequence."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model: Any = AutoModelForCausalLM.from_config(_gemma3()).eval()
+    loaded = LoadedModel(model=model, tokenizer=None, path=None, name="gemma3-small",  # type: ignore[arg-type]
+                         vocab_size=VOCAB, stop_token_ids=(), revision_token_id=None, context_length=256,
+                         device=torch.device("cpu"), dtype=torch.float32, impl="transformers")
+    tokens = _prompt(21, 70)
+    runner = ModelRunner(loaded, max_batch=2, max_len=256, prefix_cache=False)
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens])).logits[0].float()
+        got = {39: runner.forward([ForwardRow(0, 0, tokens[:40])])[0]}
+        for position in range(40, 70):  # decode steps, beside a second row
+            got[position] = runner.forward([ForwardRow(0, position, tokens[position : position + 1]),
+                                            ForwardRow(1, position - 40, tokens[position - 40 : position - 39])])[0]
+    for position, logits in got.items():
+        torch.testing.assert_close(logits, reference[position], rtol=TOLERANCE, atol=TOLERANCE)
