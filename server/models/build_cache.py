@@ -2,7 +2,7 @@
 
 A build writes into a private temporary sibling and is renamed into place only when complete, with a marker
 file (written last) listing its files. Builders of the same entry take an exclusive `flock` on a lock file
-beside it, so two processes starting at once build it once: the second waits, then finds it complete. A
+beside it (`<entry>.lock`), so two processes starting at once build it once: the second waits, then finds it complete. A
 directory without a valid marker (a build cut off before the rename could not leave one, but an older
 corral or a hand copy could) is removed and built again; stale temporaries are removed under the lock.
 """
@@ -43,7 +43,7 @@ def cached_build(target: Path, build: Callable[[Path], None], what: str) -> Path
     if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if is_complete(target):  # another process built it while this one waited
             return target

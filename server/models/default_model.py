@@ -14,25 +14,21 @@ punctuation, digits, quotes) no state is set and the structural preference is un
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import os
 import re
-import shutil
 import string
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from server.models.build_cache import cache_root, cached_build
+
 logger = logging.getLogger(__name__)
 
 # Bump when anything below changes the produced files, so old caches are ignored rather than reused.
-VERSION = "v3"
+VERSION = "v4"  # v4: the build cache's marker (server/models/build_cache.py)
 MODEL_DIRNAME = f"default-model-{VERSION}"
-_MARKER = "corral-default-model.json"
 
 SEED = 20240601
 HIDDEN = 64
@@ -91,55 +87,11 @@ LM_HEAD_STD = 0.4  # other lm_head columns: gives the random, context-dependent 
 TIER_NOISE_SCALE = 0.25
 
 
-def _default_cache_root() -> Path:
-    env = os.environ.get("CORRAL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "corral"
-
-
-def _is_complete(model_dir: Path) -> bool:
-    marker = model_dir / _MARKER
-    try:
-        info = json.loads(marker.read_text(encoding="utf-8"))
-        files = info["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return isinstance(files, list) and all((model_dir / str(name)).is_file() for name in files)
-
-
 def ensure_default_model(cache_dir: Path | None = None) -> Path:
-    """Return the default model's checkpoint directory, building it on first use.
-
-    Builds into a temporary sibling directory and renames it into place, so a crash never leaves a
-    half-written cache and concurrent first starts do not corrupt each other.
-    """
-    root = Path(cache_dir) if cache_dir is not None else _default_cache_root()
-    target = root / MODEL_DIRNAME
-    if _is_complete(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        logger.warning("Removing incomplete default model cache at %s", target)
-        shutil.rmtree(target, ignore_errors=True)
-
-    logger.info("Building the default model into %s (one-time, offline)", target)
-    start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}.tmp-", dir=root))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary readable directory
-    try:
-        _build(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another process finished first; its copy is identical (the build is deterministic).
-            if not _is_complete(target):
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("Built the default model in %.1f s", time.perf_counter() - start)
-    return target
+    """The tiny model's checkpoint directory (under `cache_dir`, default $CORRAL_CACHE_DIR), built on first use
+    through the build cache: once across concurrent first starts, never left half-written."""
+    target = (Path(cache_dir) if cache_dir is not None else cache_root()) / MODEL_DIRNAME
+    return cached_build(target, _build, "corral-tiny (offline, deterministic)")
 
 
 def _llama3_tokenizer_file() -> Path:
@@ -226,11 +178,6 @@ def _build(out_dir: Path) -> None:
 
     tok.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
-    files = sorted(p.name for p in out_dir.iterdir() if p.is_file())
-    # Written last: its presence means every other file is complete.
-    (out_dir / _MARKER).write_text(
-        json.dumps({"version": VERSION, "seed": SEED, "files": files}, indent=2), encoding="utf-8"
-    )
 
 
 def _word_states(tok: Any) -> list[tuple[list[int], list[int]]]:
