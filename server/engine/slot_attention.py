@@ -115,13 +115,13 @@ class InPlaceKVCache:
             n, start = counts[i], starts[i]
             length = start + n
             mask = window_mask = None
-            query_pos = start + self._positions[:n]
-            if start > 0:
-                mask = self._positions[None, :length] <= query_pos[:, None]
-            if window is not None and length > window:
-                window_mask = (self._positions[None, :length] <= query_pos[:, None]) & (
-                    self._positions[None, :length] > query_pos[:, None] - window
-                )
+            windowed = window is not None and length > window
+            if start > 0 or windowed:
+                keys, query_pos = self._positions[None, :length], start + self._positions[:n, None]
+                causal = keys <= query_pos
+                mask = causal if start > 0 else None
+                if window is not None and windowed:
+                    window_mask = causal & (keys > query_pos - window)
             multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask, window_mask))
         decode_tokens = decode_slots = decode_query = decode_mask = decode_window_mask = None
         slot_lo = slot_count = span = queries = 0

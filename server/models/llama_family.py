@@ -67,12 +67,6 @@ class DecoderShape:
     sandwich_norms: bool = False  # Gemma: attention and MLP outputs are normed before the residual add
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
 
-    @property
-    def sliding_window(self) -> int | None:
-        """The smallest window any layer uses; None: every layer attends fully."""
-        windows = [w for w in self.layer_windows if w is not None]
-        return min(windows) if windows else None
-
 
 def _activation_name(config: Any) -> str:
     return str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu")
@@ -186,7 +180,7 @@ class _Layer(torch.nn.Module):
             return torch.nn.Parameter(t, requires_grad=False)
 
         def norm(name: str) -> torch.nn.Parameter:
-            return param(weights[name] + shape.norm_offset if shape.norm_offset else weights[name])
+            return param(_norm_gain(weights[name], shape))
 
         self.input_norm = norm("input_layernorm.weight")
         # q, k and v (and gate and up) share their input: one matmul each instead of three (two).
@@ -213,6 +207,11 @@ class _Layer(torch.nn.Module):
         gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
         self.gate_up = Projection(gate_up, gate_up_bias)
         self.down = Projection(weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias"))
+
+
+def _norm_gain(weight: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
+    """The RMS norm's multiplier: Gemma stores it as an offset from 1 (its norms scale by 1 + weight)."""
+    return weight + shape.norm_offset if shape.norm_offset else weight
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -242,8 +241,7 @@ class LlamaFamilyModel(torch.nn.Module):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
             self.layers.append(_Layer(own, shape))
-        norm = weights.pop("model.norm.weight")
-        self.norm = torch.nn.Parameter(norm + shape.norm_offset if shape.norm_offset else norm, requires_grad=False)
+        self.norm = torch.nn.Parameter(_norm_gain(weights.pop("model.norm.weight"), shape), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
         # grammar-restricted row computes its few allowed logits from it (restricted_logits).
