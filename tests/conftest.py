@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,12 +83,21 @@ def start_server(**settings: object) -> tuple[RunningServer, object, threading.T
     return RunningServer(base, service), server, thread
 
 
+@contextmanager
+def serving(**settings: object) -> Iterator[RunningServer]:
+    """A server started with `settings` (see start_server) for the duration of the block, then stopped."""
+    running, uv, thread = start_server(**settings)
+    try:
+        yield running
+    finally:
+        uv.should_exit = True  # type: ignore[attr-defined]
+        thread.join(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[RunningServer]:
-    running, uv, thread = start_server()
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
+    with serving() as running:
+        yield running
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import RunningServer, start_server
+from conftest import RunningServer, serving
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -25,10 +25,8 @@ MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def keyed_server() -> Iterator[RunningServer]:
-    running, uv, thread = start_server(api_key=",".join(KEYS))
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
+    with serving(api_key=",".join(KEYS)) as running:
+        yield running
 
 
 def _client(server: RunningServer, key: str) -> openai.OpenAI:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import RunningServer, start_server
+from conftest import RunningServer, serving
 
 DEADLINE = 2.0
 # 300 counted repetitions in a row: xgrammar compiles this for more than 30 s (auto tries xgrammar first
@@ -21,10 +21,8 @@ HOSTILE_REGEX = "".join(f"[a-z]{{1,{i + 50}}}" for i in range(300))
 
 @pytest.fixture(scope="module")
 def strict_server() -> Iterator[RunningServer]:
-    running, uv, thread = start_server(compile_timeout_s=DEADLINE)
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
+    with serving(compile_timeout_s=DEADLINE) as running:
+        yield running
 
 
 def test_exploding_regex_is_refused_in_time_and_then_at_once(strict_server: RunningServer) -> None:

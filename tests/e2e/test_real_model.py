@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RunningServer, start_server
+from conftest import RunningServer, serving
 from pydantic import BaseModel, ConfigDict
 
 from mediation import Mediator, OutputSchema
@@ -37,10 +37,8 @@ class ClosedPerson(Person):
 
 @pytest.fixture(scope="module")
 def gemma() -> Iterator[RunningServer]:
-    running, uv, thread = start_server(model=MODEL)
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
+    with serving(model=MODEL) as running:
+        yield running
 
 
 @pytest.mark.parametrize(

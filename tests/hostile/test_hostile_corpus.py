@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import RunningServer, start_server
+from conftest import RunningServer, serving
 from hostile_corpus import CORPUS, Hostile
 
 from benchmarks.fuzz.probe import connection_of, exchange
@@ -23,10 +23,8 @@ ORDINARY = {"model": "corral-tiny", "messages": [{"role": "user", "content": "hi
 def hostile_server() -> Iterator[RunningServer]:
     # A short compile deadline keeps the compile bombs of the corpus cheap; it changes no verdict. A hung
     # step fails the cases after it instead of ending the test process.
-    running, uv, thread = start_server(compile_timeout_s=3.0, exit_on_hung_step=False)
-    yield running
-    uv.should_exit = True  # type: ignore[attr-defined]
-    thread.join(timeout=30)
+    with serving(compile_timeout_s=3.0, exit_on_hung_step=False) as running:
+        yield running
 
 
 def _param(case: Hostile) -> object:
