@@ -1,6 +1,7 @@
 """The decode loop: Scheduler (who runs), ModelRunner (the model and KV cache), Sequence (plain state)."""
 
-from server.engine.engine import Engine, EngineConfig, EngineLoop
+from server.engine.engine import Engine, EngineConfig
+from server.engine.loop import EngineLoop
 from server.engine.sampling import SamplingParams
 from server.engine.sequence import SeqOutput, Sequence
 
