@@ -1,9 +1,9 @@
-"""Check a constraint before compiling it, and check an answer against the full contract after."""
+"""Check a constraint before compiling it (JSON Schema against its meta-schema, $refs, regex hints), and
+the JSON Schema check answers are held to (`schema_error`; the whole answer check is grammars/contract.py)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -14,7 +14,7 @@ from urllib.parse import urldefrag, urljoin
 import jsonschema
 from jsonschema import Draft202012Validator
 
-from grammars.spec import GrammarKind, GrammarSpec, canonical_json
+from grammars.spec import canonical_json
 
 
 class InvalidConstraint(ValueError):
@@ -150,38 +150,3 @@ def schema_error(schema: dict[str, Any] | bool, value: Any) -> str | None:
     validator = validator_cls(schema, format_checker=_FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     return None if error is None else f"at {json_pointer(error.absolute_path)}: {error.message}"
-
-
-def validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
-    """Validate a finished answer against the *full* contract (not the decode-time subset). An answer
-    nested too deeply for the recursive checkers (a recursive schema lets the model go on nesting) fails
-    closed: it is never taken for valid."""
-    try:
-        return _validate_output(spec, text)
-    except RecursionError:
-        return OutputCheck(False, "the answer nests too deeply to check against the full contract")
-
-
-def _validate_output(spec: GrammarSpec, text: str) -> OutputCheck:
-    if spec.is_json:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return OutputCheck(False, f"not JSON: {exc}")
-        error = schema_error(spec.schema(), value)
-        return OutputCheck(error is None, error, value)
-    if spec.kind is GrammarKind.TOOL_CALLS:
-        from grammars.tools import validate_tool_answer  # grammars.tools builds on this module
-
-        return validate_tool_answer(spec, text)
-    if spec.kind is GrammarKind.CHOICE:
-        ok = text in spec.choices()
-        return OutputCheck(ok, None if ok else "answer is not one of the choices", text)
-    if spec.kind is GrammarKind.REGEX:
-        try:
-            ok = re.fullmatch(spec.source, text) is not None
-        except re.error:
-            return OutputCheck(True, None, text)  # engine regex dialect Python cannot read: trust the engine
-        return OutputCheck(ok, None if ok else "answer does not match the regex", text)
-    # Grammars: the matcher accepted every token and reached an accepting state; that is the check.
-    return OutputCheck(True, None, text)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from grammars.contract import validate_output
 from grammars.spec import GrammarKind, GrammarSpec
-from grammars.validation import validate_output
 from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec
 
 # Tool calls embed JSON Schemas the same engines relax; an answer may only end where every call validates.

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.workload import messages
+from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
 from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
 from server.engine import Engine, EngineConfig, SamplingParams
 from server.engine import Sequence as Seq

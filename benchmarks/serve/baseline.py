@@ -15,8 +15,8 @@ import torch
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.stats import mean, percentile
 from benchmarks.serve.workload import messages
+from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import httpx
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.stats import RequestResult
 from benchmarks.serve.workload import request_body
+from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
 
 TEXT_KEPT = 300  # characters of each answer kept in results.json, for reading failures
 

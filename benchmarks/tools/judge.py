@@ -10,8 +10,8 @@ from typing import Any
 
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.tools.workload import function_name
+from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
 
 TEXT_KEPT = 300
 _NUMBER = re.compile(r"\d+")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
 from samplers.compilation import GrammarCache
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet

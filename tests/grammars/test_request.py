@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from grammars.contract import validate_output
 from grammars.lowering import detect_grammar_kind
 from grammars.request import AUTO, parse_constraint
 from grammars.spec import GrammarKind, GrammarSpec
-from grammars.validation import InvalidConstraint, check_schema, json_pointer, validate_output
+from grammars.validation import InvalidConstraint, check_schema, json_pointer
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

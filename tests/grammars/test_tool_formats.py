@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from grammars.contract import validate_output
 from grammars.features import attempts, route
 from grammars.spec import GrammarKind
 from grammars.tools import FORMATS, ToolGrammar, not_starting_with, scan, to_lark, tool_calls_spec
-from grammars.validation import validate_output
 
 WEATHER: dict[str, Any] = {
     "type": "object",
