@@ -26,10 +26,6 @@ def extract_block(text: str) -> str:
     return payload.strip()
 
 
-def wrap(payload: str) -> str:
-    return f"{BEGIN}\n{payload}\n{END}"
-
-
 def lark_grammar(schema: dict[str, Any], json_options: dict[str, Any]) -> str:
     """A Lark grammar (llguidance's `%json` dialect, which corral accepts as `structured_outputs.grammar`)
     whose only sentences are the marker block around JSON under `schema`: the markers are decoded under the

@@ -103,14 +103,3 @@ class Reliability:
             for (provider, outcome), rate in self._rates.items():
                 out.setdefault(provider, {})[outcome] = round(rate, 6)
         return out
-
-
-class FanOut:
-    """Several sinks as one."""
-
-    def __init__(self, *sinks: Sink) -> None:
-        self.sinks = sinks
-
-    def record(self, round_: RoundRecord) -> None:
-        for sink in self.sinks:
-            sink.record(round_)

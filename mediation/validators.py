@@ -26,15 +26,6 @@ class SemanticValidator(Protocol[T_contra]):
     def validate(self, value: T_contra) -> Violation | None: ...
 
 
-@runtime_checkable
-class DecodeHinted(Protocol):
-    """A validator whose rule can also be said as JSON Schema: on a repair round the mediator adds
-    `decode_hint` (allOf) to the decode-time constraint where the mode carries one, so the engine enforces
-    the rule the model just broke instead of hoping the prompt does."""
-
-    decode_hint: dict[str, Any]
-
-
 @dataclass(frozen=True)
 class Rule:
     """A SemanticValidator from a predicate: `check(value)` True means it holds."""
@@ -54,5 +45,8 @@ class Rule:
 
 
 def decode_hint(validator: object) -> dict[str, Any] | None:
+    """A validator's rule said as JSON Schema, if it has one (a `decode_hint` attribute): on a repair round the
+    mediator adds it (allOf) to the decode-time constraint where the mode carries one, so the engine enforces
+    the rule the model just broke instead of hoping the prompt does."""
     hint = getattr(validator, "decode_hint", None)
     return hint if isinstance(hint, dict) else None
