@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grammars.limits import InputLimits, check_schema_limits
-from server.openai.request_limits import json_depth
+from server.middleware import json_depth
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO.parent / "shared" / "jsonschemabench"

@@ -1,13 +1,11 @@
-"""FastAPI app factory: the OpenAI-compatible routes over one Service."""
+"""FastAPI app factory: middleware, then the routes (health, metrics, models, grammars, chat and text
+completions) over one Service and its OpenAI front end."""
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -15,26 +13,21 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
-from samplers.watchdog import Trip
 from server.auth import ApiKeyMiddleware
-from server.errors import ApiError, guard_stream, install_error_handlers
-from server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
-from server.openai.grammars_api import grammar_routes
-from server.openai.request_limits import add_inner_middleware, add_outer_middleware
-from server.openai.tools import ToolCallStream
-from server.protocol import ChatCompletionRequest, CompletionRequest, _Request, error_body
-from server.serving import Finished, Prepared, Service
-
-log = logging.getLogger(__name__)
-
-HUNG = str(Trip.HUNG_STEP)
-
+from server.errors import install_error_handlers
+from server.grammar_routes import grammar_routes
+from server.middleware import add_inner_middleware, add_outer_middleware
+from server.openai.frontend import OpenAIFrontend
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.responses import respond
+from server.serving import Service
 
 RECURSION_LIMIT = 20_000  # jsonschema recurses a few frames per schema level: room for --max-schema-depth
 
 
 def create_app(service: Service) -> FastAPI:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not service.ready:
@@ -43,7 +36,9 @@ def create_app(service: Service) -> FastAPI:
         service.stop()
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan)
+    frontend = OpenAIFrontend(service)
     app.state.service = service
+    app.state.frontend = frontend
     # Middleware, innermost first (docs/reliability.md): 500s, body limits, API keys, CORS, request ids.
     add_inner_middleware(app, service.settings, service.metrics)
     if service.settings.api_keys():
@@ -84,119 +79,14 @@ def create_app(service: Service) -> FastAPI:
             ],
         }
 
-    app.include_router(grammar_routes(service))  # /v1/capabilities, /v1/grammars
+    app.include_router(grammar_routes(frontend))  # /v1/capabilities, /v1/grammars
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest) -> JSONResponse | EventSourceResponse:
-        prompt = await service.off_loop(service.chat_prompt, req)  # rendering + tokenizing grow with the request
-        prepared = await service.prepare(req, prompt, prompt_param="messages")
-        return await _respond(service, req, prepared, chat=True)
+        return await respond(frontend, req, await frontend.prepare_chat(req), chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> JSONResponse | EventSourceResponse:
-        prompt = await service.off_loop(service.completion_prompt, req)
-        prepared = await service.prepare(req, prompt, prompt_param="prompt")
-        return await _respond(service, req, prepared, chat=False)
+        return await respond(frontend, req, await frontend.prepare_completion(req), chat=False)
 
     return app
-
-
-async def _respond(
-    service: Service, req: _Request, prepared: Prepared, *, chat: bool
-) -> JSONResponse | EventSourceResponse:
-    created = int(time.time())
-    prefix = "chatcmpl" if chat else "cmpl"
-    response_id = f"{prefix}-{prepared.request_id}"
-    choices = expand(prepared, req.n)
-    if req.stream:
-        service.check_capacity()  # a 429 must come before the stream's 200 headers
-        events = _stream(service, req, choices, response_id, created, chat)
-        # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
-        return EventSourceResponse(
-            guard_stream(events, service.metrics.internal_errors),
-            ping=15,
-            shutdown_grace_period=service.settings.shutdown_timeout_s,
-        )
-    done = await run_choices(service, choices)
-    hung = next((d for d in done if d.finish_reason == HUNG), None)
-    if hung is not None:
-        raise ApiError(503, hung.seq.error or "the engine hung", type_="server_error", code="engine_hung")
-    return JSONResponse(_final_body(service, done, response_id, created, chat))
-
-
-def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
-    prompt = len(prepared.prompt_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
-
-
-def _final_body(service: Service, done: list[Finished], rid: str, created: int, chat: bool) -> dict[str, Any]:
-    tokenizer = service.loaded.tokenizer
-    choices = [
-        choice_body(
-            i,
-            d,
-            chat=chat,
-            logprobs=logprobs_body(d.seq.logprobs, d.prepared, tokenizer, chat=chat),
-            finish_mode=service.settings.finish_reasons,
-            extras=service.extras(d) if len(done) > 1 else None,
-        )
-        for i, d in enumerate(done)
-    ]
-    return {
-        "id": rid,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": created,
-        "model": service.model_name,
-        "choices": choices,
-        "usage": _usage(done[0].prepared, sum(len(d.seq.output_ids) for d in done)),
-        **service.extras(done[0]),  # with n > 1, each choice also carries its own
-    }
-
-
-async def _stream(
-    service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
-) -> AsyncGenerator[str, None]:
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-        return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [choice]}
-
-    mode = service.settings.finish_reasons
-    # A tool-call answer's content stays null unless it turns out to be text; its calls go out as deltas.
-    tool_streams = [ToolCallStream.of(p.constraint) if chat else None for p in choices]
-    if chat:
-        for index, tools in enumerate(tool_streams):
-            first = chunk_choice(index, None if tools else "", None, chat=chat, finish_mode=mode, first=True)
-            yield json.dumps(chunk(first))
-    streamed: list[list[int]] = [[] for _ in choices]  # token ids whose logprobs went out, per choice
-    completion_tokens = 0
-    async with aclosing(stream_choices(service, choices)) as outputs:
-        async for index, out in outputs:
-            prepared, tools = choices[index], tool_streams[index]
-            tokenizer = service.loaded.tokenizer
-            logprobs = logprobs_body(out.logprobs, prepared, tokenizer, chat=chat, before=streamed[index])
-            streamed[index] += [e.token for e in out.logprobs]
-            if tools is not None:
-                for fields in tools.feed(out.delta or "", final=out.finished):
-                    piece = chunk_choice(index, None, None, chat=chat, finish_mode=mode, fields=fields)
-                    yield json.dumps(chunk(piece))
-            if not out.finished:
-                if out.delta and tools is None:
-                    piece = chunk_choice(index, out.delta, None, chat=chat, finish_mode=mode, logprobs=logprobs)
-                    yield json.dumps(chunk(piece))
-                continue
-            done = await service.off_loop(service.finish, prepared, out)
-            if done.finish_reason == HUNG:
-                error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
-                yield json.dumps(error)
-                return
-            text = None if tools else out.delta or None
-            last = chunk(chunk_choice(index, text, done.finish_reason, chat=chat, finish_mode=mode, logprobs=logprobs))
-            last.update(service.extras(done))
-            yield json.dumps(last)
-            completion_tokens += len(done.seq.output_ids)
-    if req.include_usage():
-        usage_chunk = chunk({})
-        usage_chunk.update(choices=[], usage=_usage(choices[0], completion_tokens))
-        yield json.dumps(usage_chunk)
-    yield "[DONE]"

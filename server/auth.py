@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.protocol import error_body
+from server.openai.protocol import error_body
 
 
 class ApiKeyMiddleware:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from server.settings import Settings
+from pydantic.fields import FieldInfo
+
+from server.settings import GROUPS, Settings
 
 REPEATABLE = {"api_key": "KEY", "cors_allow_origin": "ORIGIN"}  # flag name -> metavar
 
@@ -22,25 +25,31 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(e.g. CORRAL_PORT=9000); a flag on the command line wins.",
     )
     fields = Settings.model_fields
-    for name, info in fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{info.description or name} (env CORRAL_{name.upper()})"
-        if info.annotation is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif name == "model":
-            p.add_argument(flag, dest=name, default=None, metavar="NAME|DIR|FILE.gguf", help=help_text)
-        elif name == "chat_template":
-            p.add_argument(flag, dest=name, type=Path, default=None, metavar="FILE", help=help_text)
-        elif name == "device":
-            p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
-        elif name == "model_impl":
-            p.add_argument(flag, dest=name, choices=["auto", "corral", "transformers"], default=None, help=help_text)
-        elif name in REPEATABLE:
-            p.add_argument(flag, dest=name, action="append", default=None, metavar=REPEATABLE[name], help=help_text)
-        elif get_origin(info.annotation) is Literal:
-            p.add_argument(flag, dest=name, choices=list(get_args(info.annotation)), default=None, help=help_text)
-        else:
-            p.add_argument(flag, dest=name, default=None, help=help_text)
+    for group, names in GROUPS.items():
+        section = p.add_argument_group(f"{group} settings")
+        for name in names:
+            _add_setting(section, name, fields[name])
+
+
+def _add_setting(p: argparse._ArgumentGroup, name: str, info: FieldInfo) -> None:
+    flag = "--" + name.replace("_", "-")
+    help_text = f"{info.description or name} (env CORRAL_{name.upper()})"
+    if info.annotation is bool:
+        p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif name == "model":
+        p.add_argument(flag, dest=name, default=None, metavar="NAME|DIR|FILE.gguf", help=help_text)
+    elif name == "chat_template":
+        p.add_argument(flag, dest=name, type=Path, default=None, metavar="FILE", help=help_text)
+    elif name == "device":
+        p.add_argument(flag, dest=name, choices=["cpu", "cuda"], default=None, help=help_text)
+    elif name == "model_impl":
+        p.add_argument(flag, dest=name, choices=["auto", "corral", "transformers"], default=None, help=help_text)
+    elif name in REPEATABLE:
+        p.add_argument(flag, dest=name, action="append", default=None, metavar=REPEATABLE[name], help=help_text)
+    elif get_origin(info.annotation) is Literal:
+        p.add_argument(flag, dest=name, choices=list(get_args(info.annotation)), default=None, help=help_text)
+    else:
+        p.add_argument(flag, dest=name, default=None, help=help_text)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -64,18 +73,11 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
-    from server.models import ModelLoadError, load_model
+    from server.models import ModelLoadError, ModelOptions, load_model
     from server.serving import Service
 
     try:
-        loaded = load_model(
-            settings.model,
-            device=settings.device,
-            dtype=settings.dtype,
-            revision_token=settings.revision_token,
-            model_impl=settings.model_impl,
-            chat_template=settings.chat_template,
-        )
+        loaded = load_model(**dataclasses.asdict(settings.group(ModelOptions)))
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         return 2

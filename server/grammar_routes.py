@@ -9,33 +9,28 @@ from fastapi import APIRouter
 from pydantic import ConfigDict
 
 from grammars.enforcement import keyword_enforcement
-from grammars.request import parse_constraint
 from grammars.spec import GrammarKind
-from grammars.validation import InvalidConstraint
-from samplers.registry import UnknownBackend
 from server.errors import ApiError, bad_request
+from server.modes import MODES
 from server.openai.finish import FinishReason
-from server.openai.modes import MODES
-from server.openai.tools import parse_tools, tool_constraint
-from server.protocol import LegacyConstraintFields
-from server.serving import Service
+from server.openai.frontend import OpenAIFrontend
+from server.openai.protocol import ConstraintFields
 
 
-class GrammarRequest(LegacyConstraintFields):
+class GrammarRequest(ConstraintFields):
     """The constraint fields of a chat request, and nothing else."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
 
-def grammar_routes(service: Service) -> APIRouter:
+def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
     router = APIRouter()
+    service = frontend.service
 
     @router.get("/v1/capabilities")
     async def capabilities() -> dict[str, Any]:
@@ -57,21 +52,14 @@ def grammar_routes(service: Service) -> APIRouter:
     async def compile_grammar(req: GrammarRequest) -> dict[str, Any]:
         if not service.ready:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
-        legacy = req.legacy_constraint()
-        try:
-            constraint = parse_constraint(req.response_format, req.structured_outputs, legacy)
-            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-            constraint = tool_constraint(tools, constraint, service.tool_format)
-            service.backends.check_name(constraint.backend)
-        except InvalidConstraint as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
-        except UnknownBackend as exc:
-            raise bad_request(str(exc), param=constraint.backend_source) from exc
+        # The same parsing, limits and 400s as a chat request's constraint.
+        tools = await service.off_loop(frontend.tools, req.tools, req.tool_choice, req.parallel_tool_calls)
+        constraint = await service.off_loop(frontend.constraint, req, tools)
         spec = constraint.spec
         if spec is None:
             raise bad_request("no constraint given: send response_format, structured_outputs or tools",
                               param="response_format")
-        compiled = await service._compile(constraint)  # the same compile, cache and 400s as generation
+        compiled = await service.compile(constraint)  # the same compile, cache and 400s as generation
         used = compiled.compiled.spec
         return {
             "object": "grammar",

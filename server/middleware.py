@@ -1,9 +1,10 @@
-"""HTTP-level request limits, checked before the body is parsed: its size (413, while it is read, so a
-1 GB body costs at most the limit) and its JSON nesting depth (400, measured on the raw bytes, so neither
+"""The app's middleware besides API keys (server/auth.py): request ids, CORS, answered exceptions, and the
+HTTP-level request limits, checked before the body is parsed: its size (413, while it is read, so a 1 GB
+body costs at most the limit) and its JSON nesting depth (400, measured on the raw bytes, so neither
 the JSON parser nor any recursive code after it meets a document deeper than the limit).
 
 The constraint-level limits (schema depth/nodes/$refs, regex and grammar length, choices, tools) live in
-grammars/limits.py; `input_limits` builds them from the server settings."""
+grammars/limits.py; `Settings.input_limits` builds them from the server settings."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from grammars.limits import InputLimits
 from server.errors import InternalErrorMiddleware, send_error
 from server.metrics import Metrics
 from server.request_context import RequestIdMiddleware, install_log_record_factory
@@ -23,18 +23,6 @@ _STEP = np.zeros(256, dtype=np.int8)
 _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-def input_limits(settings: Settings) -> InputLimits:
-    return InputLimits(
-        max_schema_depth=settings.max_schema_depth,
-        max_schema_nodes=settings.max_schema_nodes,
-        max_schema_refs=settings.max_schema_refs,
-        max_regex_length=settings.max_regex_length,
-        max_grammar_length=settings.max_grammar_length,
-        max_choices=settings.max_choices,
-        max_tools=settings.max_tools,
-    )
 
 
 def json_depth(body: bytes) -> int:

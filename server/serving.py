@@ -14,14 +14,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 
+from grammars.contract import has_tool_calls, validate_output
 from grammars.features import route
-from grammars.request import AUTO, ConstraintRequest, parse_constraint
+from grammars.request import AUTO, ConstraintRequest
 from grammars.spec import GrammarSpec
-from grammars.validation import InvalidConstraint, OutputCheck, validate_output
+from grammars.validation import OutputCheck
 from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
@@ -30,13 +31,7 @@ from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqO
 from server.errors import ApiError, bad_request
 from server.metrics import Metrics
 from server.models import LoadedModel
-from server.openai.chat_render import MessageError, prompt_ids
-from server.openai.fields import max_tokens_for
-from server.openai.logprobs import requested_logprobs
-from server.openai.modes import request_mode
-from server.openai.request_limits import input_limits
-from server.openai.tools import detect_format, has_tool_calls, parse_tools, tool_constraint
-from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from server.modes import request_mode
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,8 +75,6 @@ class Service:
         if loaded.device.type == "cpu":
             torch.set_num_threads(settings.cpu_threads())  # masks are filled on another thread meanwhile
         self.model_name = settings.served_model_name or loaded.name
-        self.limits = input_limits(settings)  # request limits on constraints (grammars/limits.py)
-        self.tool_format = detect_format(settings.tool_call_format, loaded.tokenizer)
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
         self.grammars = GrammarCache(
@@ -92,23 +85,9 @@ class Service:
             memory_limit_mb=settings.compile_memory_limit_mb,
             timeout_retry_s=settings.compile_timeout_retry_s,
         )
-        self.engine = Engine(
-            loaded,
-            EngineConfig(
-                max_batch=settings.max_batch,
-                max_model_len=settings.max_model_len,
-                jump_forward=settings.jump_forward,
-                revision_token_id=loaded.revision_token_id,
-                max_revisions=settings.max_revisions,
-                prefix_cache=settings.prefix_cache,
-                limits=WatchdogLimits(
-                    whitespace_run=settings.stall_whitespace_tokens,
-                    repeat_window=settings.stall_repeat_tokens,
-                    mask_budget_ms=settings.mask_budget_ms,
-                    mask_overruns=settings.mask_overruns,
-                ),
-            ),
-        )
+        limits = settings.group(WatchdogLimits)
+        config = settings.group(EngineConfig, revision_token_id=loaded.revision_token_id, limits=limits)
+        self.engine = Engine(loaded, config)
         self.loop = EngineLoop(self.engine)
         self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
         self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="corral-prepare")
@@ -171,99 +150,40 @@ class Service:
             return
 
     # -- request preparation -----------------------------------------------------------------------
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        # Messages, tools, tool calls and tool results as the chat template (or corral's default) renders them.
-        try:
-            tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
-            return prompt_ids(self.loaded.tokenizer, req.messages, tools, self.tool_format)
-        except (InvalidConstraint, MessageError) as exc:
-            raise bad_request(str(exc), param=exc.param, code=getattr(exc, "code", None)) from exc
-
-    def completion_prompt(self, req: CompletionRequest) -> list[int]:
-        try:
-            text = req.prompt_text()
-        except ValueError as exc:
-            raise bad_request(str(exc), param="prompt") from exc
-        ids = [int(t) for t in self.loaded.tokenizer.encode(text, add_special_tokens=True)]
-        if not ids:  # a tokenizer without BOS gives "" no token, and the engine needs one to start from
-            raise bad_request("prompt is empty: give at least one token of text", param="prompt")
-        return ids
-
-    async def prepare(self, req: _Request, prompt_ids: list[int], *, prompt_param: str) -> Prepared:
-        received = time.perf_counter()
+    def admit(self, model: str | None, prompt_len: int, *, prompt_param: str) -> None:
+        """The checks every request passes before any work on it: the server is up, the model is this one,
+        and the prompt leaves room for at least one token."""
         if not self.ready or not self.healthy:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
-        if req.model is not None and req.model not in (self.model_name, "default"):
+        if model is not None and model not in (self.model_name, "default"):
             raise ApiError(
                 404,
-                f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+                f"model {model!r} is not served here; this server serves {self.model_name!r}",
                 param="model",
                 code="model_not_found",
             )
         limit = self.engine.max_len
-        if len(prompt_ids) >= limit:
+        if prompt_len >= limit:
             raise bad_request(
-                f"the prompt is {len(prompt_ids)} tokens; this model's context is {limit} tokens "
+                f"the prompt is {prompt_len} tokens; this model's context is {limit} tokens "
                 "(prompt + at least one generated token)",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        constraint, params = await self.off_loop(self._admission, req, len(prompt_ids))
-        compiled = await self._compile(constraint) if constraint.spec is not None else None
-        return Prepared(
-            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
-        )
 
-    def _admission(self, req: _Request, prompt_len: int) -> tuple[ConstraintRequest, SamplingParams]:
-        """The request's constraint (schema checks, tools) and sampling parameters; runs off the event loop."""
+    def check_backend(self, constraint: ConstraintRequest) -> None:
         try:
-            constraint = parse_constraint(
-                req.response_format, req.structured_outputs, req.legacy_constraint(), limits=self.limits
-            )
-            if isinstance(req, ChatCompletionRequest):
-                tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls, limits=self.limits)
-                constraint = tool_constraint(tools, constraint, self.tool_format)
             self.backends.check_name(constraint.backend)
-        except InvalidConstraint as exc:
-            raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
         except UnknownBackend as exc:
             raise bad_request(str(exc), param=constraint.backend_source) from exc
-        return constraint, self._sampling_params(req, prompt_len)
 
-    def _sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
-        room = self.engine.max_len - prompt_len
-        max_tokens = max_tokens_for(
-            req.max_completion_tokens, req.max_tokens, room=room, default=self.settings.default_max_tokens
-        )
-        bias: dict[int, float] = {}
-        for key, value in (req.logit_bias or {}).items():
-            try:
-                token = int(key)
-            except ValueError as exc:
-                raise bad_request(f"logit_bias key {key!r} is not a token id", param="logit_bias") from exc
-            if not 0 <= token < self.loaded.vocab_size or not -100 <= value <= 100:
-                raise bad_request(
-                    f"logit_bias {key}: token ids are 0..{self.loaded.vocab_size - 1}, biases -100..100",
-                    param="logit_bias",
-                )
-            bias[token] = float(value)
-        logprobs, top_logprobs = requested_logprobs(req)
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty,
-            seed=req.seed,
-            stop=req.stop_list(),
-            logit_bias=bias,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            ignore_eos=req.ignore_eos,
-            max_revisions=req.max_revisions,
+    async def prepare(
+        self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
+    ) -> Prepared:
+        """Compile the request's constraint (cached) and give it an id: ready for `run` or `stream`."""
+        compiled = await self.compile(constraint) if constraint.spec is not None else None
+        return Prepared(
+            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
         )
 
     async def _compile_in_pool(
@@ -291,7 +211,8 @@ class Service:
         # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
         return await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
 
-    async def _compile(self, constraint: ConstraintRequest) -> CompileResult:
+    async def compile(self, constraint: ConstraintRequest) -> CompileResult:
+        """Compile on the compile threads under the deadline; a cache hit answers at once. Failures are 400s."""
         assert constraint.spec is not None
         loop = asyncio.get_running_loop()
         started = asyncio.Event()
@@ -406,7 +327,7 @@ class Service:
             if name == used.backend:
                 continue
             try:
-                compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
+                compiled = await self.compile(ConstraintRequest(spec, name, prepared.constraint.source))
             except ApiError:
                 continue
             log.info("answer from %s failed validation; regenerating with %s", used.backend, name)
@@ -431,8 +352,8 @@ class Service:
         m.requests.labels(done.finish_reason).inc()
         failed = done.check is not None and not done.check.valid
         if failed:
-            m.failures.labels(_failure_class(seq)).inc()
-        outcome = _failure_class(seq) if failed else done.finish_reason
+            m.failures.labels(failure_class(seq)).inc()
+        outcome = failure_class(seq) if failed else done.finish_reason
         m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
         if stats.first_token is not None:
             m.ttft.observe(stats.first_token - stats.arrival)
@@ -455,58 +376,9 @@ class Service:
             return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed")
         return validate_output(spec, text)
 
-    # -- response extras ---------------------------------------------------------------------------
-    def extras(self, done: Finished) -> dict[str, Any]:
-        prepared, seq, check = done.prepared, done.seq, done.check
-        stats = seq.stats
-        compiled = prepared.compiled
-        end = stats.finished or time.perf_counter()
-        generated = len(seq.output_ids)
-        first = stats.first_token
-        masks = sorted(stats.mask_us)
-        timings = {
-            "queue_ms": _ms(stats.arrival, stats.scheduled),
-            "compile_ms": round(compiled.compile_ms, 3) if compiled else 0.0,
-            "ttft_ms": _ms(stats.arrival, first),
-            "tpot_ms": round((end - first) * 1000 / (generated - 1), 3) if first and generated > 1 else None,
-            "mask_us_p50": round(_quantile(masks, 0.5), 1) if masks else None,
-            "mask_us_p99": round(_quantile(masks, 0.99), 1) if masks else None,
-            "forward_ms_mean": round(sum(stats.forward_ms) / len(stats.forward_ms), 3) if stats.forward_ms else None,
-            "forward_steps": len(stats.forward_ms),
-            "forced_tokens": stats.forced_tokens,
-            "total_ms": _ms(stats.arrival, end),
-        }
-        grammar: dict[str, Any] | None = None
-        if compiled is not None and prepared.constraint.spec is not None:
-            grammar = {
-                "kind": str(prepared.constraint.spec.kind),
-                "backend": compiled.backend,
-                # decode_safe: the engine compiled a relaxed schema and the contract guard enforced the rest
-                "profile": "decode_safe" if compiled.compiled.spec.decode_safe else "full",
-                "requested_backend": prepared.constraint.backend,
-                "cache_hit": compiled.cache_hit,
-                "schema_valid": check.valid if check and prepared.constraint.spec.embeds_schema else None,
-                "valid": check.valid if check else None,
-                "validation_error": check.error if check else None,
-                "forced_tokens": stats.forced_tokens,
-                "revisions": seq.revision.revisions,
-                "watchdog": seq.trip,
-                "failure": None if (check and check.valid) else _failure_class(seq),
-                "fallback_from": done.fallback_from,
-            }
-        elif seq.revision.revisions or seq.trip:
-            # Unconstrained, but revisions or a watchdog trip still need reporting.
-            grammar = {
-                "kind": None,
-                "backend": None,
-                "revisions": seq.revision.revisions,
-                "watchdog": seq.trip,
-                "failure": seq.trip,
-            }
-        return {"timings": timings, "grammar": grammar}
 
-
-def _failure_class(seq: Sequence) -> str:
+def failure_class(seq: Sequence) -> str:
+    """What went wrong with an answer that failed its check, for metrics and the response's extras."""
     if seq.trip is not None:
         return seq.trip
     if seq.finish_reason == "length":
@@ -514,14 +386,3 @@ def _failure_class(seq: Sequence) -> str:
     if seq.finish_reason == "error":
         return "engine_error"
     return "invalid_output"
-
-
-def _ms(start: float | None, end: float | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return round((end - start) * 1000, 3)
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]

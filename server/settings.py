@@ -2,12 +2,80 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from grammars.limits import InputLimits
+
+T = TypeVar("T")
+
+# The settings by concern, as `corral serve --help` lists them; each component takes its group's dataclass
+# whole (`Settings.group`): model -> server/models ModelOptions, engine -> EngineConfig, watchdog ->
+# WatchdogLimits, compile -> CompileOptions, limits -> InputLimits; api is read by the HTTP layer.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "model": (
+        "model",
+        "chat_template",
+        "served_model_name",
+        "device",
+        "dtype",
+        "model_impl",
+        "revision_token",
+        "torch_threads",
+    ),
+    "engine": (
+        "max_batch",
+        "max_model_len",
+        "max_queue",
+        "default_max_tokens",
+        "prefix_cache",
+        "jump_forward",
+        "max_revisions",
+    ),
+    "compile": (
+        "backends",
+        "compile_timeout_s",
+        "compile_workers",
+        "compile_isolate",
+        "compile_memory_limit_mb",
+        "compile_timeout_retry_s",
+    ),
+    "watchdog": (
+        "stall_whitespace_tokens",
+        "stall_repeat_tokens",
+        "mask_budget_ms",
+        "mask_overruns",
+        "hung_step_timeout_s",
+        "exit_on_hung_step",
+    ),
+    "limits": (
+        "max_body_bytes",
+        "max_json_depth",
+        "max_schema_depth",
+        "max_schema_nodes",
+        "max_schema_refs",
+        "max_regex_length",
+        "max_grammar_length",
+        "max_choices",
+        "max_tools",
+    ),
+    "api": (
+        "host",
+        "port",
+        "api_key",
+        "metrics_require_key",
+        "cors_allow_origin",
+        "tool_call_format",
+        "finish_reasons",
+        "shutdown_timeout_s",
+        "log_level",
+    ),
+}
 
 
 class Settings(BaseSettings):
@@ -99,6 +167,17 @@ class Settings(BaseSettings):
     def _empty_model_is_default(cls, value: object) -> object:
         # CORRAL_MODEL= (set but empty) means the default model, not the current directory.
         return None if isinstance(value, str) and not value.strip() else value
+
+    def group(self, options: type[T], **given: Any) -> T:
+        """A component's options (a dataclass whose fields are named as these settings) from these settings,
+        handed over whole; `given` fills fields that are no setting (e.g. what the loaded model decides)."""
+        names = [f.name for f in dataclasses.fields(options)]  # type: ignore[arg-type]  # T is a dataclass
+        taken = {name: getattr(self, name) for name in names if name in type(self).model_fields}
+        return options(**taken, **given)
+
+    def input_limits(self) -> InputLimits:
+        """The request limits on constraints (grammars/limits.py)."""
+        return self.group(InputLimits)
 
     def api_keys(self) -> frozenset[str]:
         return frozenset(k.strip() for k in (self.api_key or "").split(",") if k.strip())

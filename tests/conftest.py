@@ -41,6 +41,7 @@ def run_bench(command: str, *args: str, timeout: float = 300) -> subprocess.Comp
 class RunningServer:
     base_url: str
     service: object  # server.serving.Service; kept loose so collection never imports torch
+    frontend: object  # server.openai.frontend.OpenAIFrontend: OpenAI requests into the service's terms
 
     def client(self, **kwargs: object) -> object:
         import openai
@@ -80,7 +81,7 @@ def start_server(**settings: object) -> tuple[RunningServer, object, threading.T
         time.sleep(0.1)
     else:
         raise RuntimeError("server did not become healthy within 120 s")
-    return RunningServer(base, service), server, thread
+    return RunningServer(base, service, app.state.frontend), server, thread
 
 
 @contextmanager

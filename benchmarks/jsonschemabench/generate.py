@@ -86,19 +86,21 @@ class InProcessGenerator:
 
     async def generate(self, case: SchemaCase, backend: str, options: GenerateOptions) -> Reply:
         from server.errors import ApiError
-        from server.protocol import ChatCompletionRequest
+        from server.openai.extras import response_extras
+        from server.openai.frontend import OpenAIFrontend
+        from server.openai.protocol import ChatCompletionRequest
 
         service = self._service
         request = ChatCompletionRequest(**request_body(case, backend, options))
         try:
-            prepared = await service.prepare(request, service.chat_prompt(request), prompt_param="messages")
+            prepared = await OpenAIFrontend(service).prepare_chat(request)
         except ApiError as exc:
             return Reply(status_of_refusal(exc.code), error=exc.message[:500])
         try:
             finished = await asyncio.wait_for(service.run(prepared), options.gen_timeout_s)
         except TimeoutError:
             return Reply("gen_timeout", error=f"no answer within {options.gen_timeout_s:g} s")
-        extras = service.extras(finished)
+        extras = response_extras(finished)
         grammar = extras.get("grammar") or {}
         return Reply("ok", finished.text, finished.finish_reason, grammar.get("backend"), extras.get("timings"),
                      profile=grammar.get("profile"))

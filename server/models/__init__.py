@@ -1,6 +1,6 @@
 """Model loading: a built-in model (gemma-3-270m, corral-tiny), a local Hugging Face causal LM, or a GGUF file."""
 
 from server.models.default_model import ensure_default_model
-from server.models.loading import LoadedModel, ModelLoadError, load_model
+from server.models.loading import LoadedModel, ModelLoadError, ModelOptions, load_model
 
-__all__ = ["LoadedModel", "ModelLoadError", "ensure_default_model", "load_model"]
+__all__ = ["LoadedModel", "ModelLoadError", "ModelOptions", "ensure_default_model", "load_model"]

@@ -57,15 +57,27 @@ class LoadedModel:
     impl: str = "transformers"  # which decoder runs it: "corral" (server/models/llama_family.py) or "transformers"
 
 
+@dataclass(frozen=True)
+class ModelOptions:
+    """`load_model`'s arguments as one object: the server settings of the same names (Settings.group)."""
+
+    model: str | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    revision_token: str | None = None
+    model_impl: str = "auto"
+    chat_template: Path | None = None
+
+
 def load_model(
-    spec: str | Path | None,
+    model: str | Path | None,
     device: str | None = None,
     dtype: str | None = None,
     revision_token: str | None = None,
     model_impl: str = "auto",
     chat_template: Path | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its fast tokenizer. `spec`: a built-in name (server/models/builtin.py; None is the
+    """Load a causal LM and its fast tokenizer. `model`: a built-in name (server/models/builtin.py; None is the
     default, gemma-3-270m), a local checkpoint directory, or a .gguf file (converted once into the cache).
 
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
@@ -77,7 +89,7 @@ def load_model(
     convert_to = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, torch_device)
     assert isinstance(convert_to, torch.dtype)
     try:
-        resolved = resolve_model(spec, convert_to)
+        resolved = resolve_model(model, convert_to)
     except UnresolvedModel as exc:
         raise ModelLoadError(f"{exc}.") from exc
     model_dir, name = resolved.path, resolved.name
@@ -88,28 +100,28 @@ def load_model(
     revision_token_id = _revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, torch_device)
 
-    model: Any  # transformers' stubs are partial; treat the model as Any at this boundary
+    network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
     if impl == "corral":
-        model = _load_corral(model_dir, config, dtype_arg, torch_device)
+        network = _load_corral(model_dir, config, dtype_arg, torch_device)
     else:
-        model = _load_transformers(model_dir, config, dtype_arg, torch_device)
+        network = _load_transformers(model_dir, config, dtype_arg, torch_device)
 
-    vocab_size = int(model.config.get_text_config().vocab_size)
+    vocab_size = int(network.config.get_text_config().vocab_size)
     if len(tokenizer) > vocab_size:
         raise ModelLoadError(
             f"The tokenizer in {model_dir} has {len(tokenizer)} tokens but the model has only {vocab_size} logits."
         )
     return LoadedModel(
-        model=model,
+        model=network,
         tokenizer=tokenizer,
         path=model_dir,
         name=name,
         vocab_size=vocab_size,
-        stop_token_ids=_stop_token_ids(model_dir, model.config, tokenizer, vocab_size),
+        stop_token_ids=_stop_token_ids(model_dir, network.config, tokenizer, vocab_size),
         revision_token_id=revision_token_id,
-        context_length=_context_length(model.config, tokenizer),
+        context_length=_context_length(network.config, tokenizer),
         device=torch_device,
-        dtype=next(model.parameters()).dtype,
+        dtype=next(network.parameters()).dtype,
         impl=impl,
     )
 

@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from grammars.tools import FORMATS, ToolFormat
+from server.openai.protocol import ChatMessage
 from server.openai.tools import ToolRequest
-from server.protocol import ChatMessage
 
 
 class MessageError(ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 
 from server.engine.logprobs import TokenLogprob
 from server.errors import bad_request
-from server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Request
 
 
 def requested_logprobs(req: _Request) -> tuple[bool, int]:

@@ -10,9 +10,12 @@ from server.errors import error_body as error_body  # the error shape lives in s
 from server.openai.fields import Endpoint, screen
 
 
-class LegacyConstraintFields(BaseModel):
-    """vLLM's older constraint names, mapped onto structured_outputs (grammars/request.py)."""
+class ConstraintFields(BaseModel):
+    """The fields that carry a constraint: OpenAI's response_format, vLLM's structured_outputs, and vLLM's older
+    guided_* names, mapped onto structured_outputs (grammars/request.py)."""
 
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
     guided_json_object: Any = None
     guided_choice: Any = None
@@ -25,7 +28,7 @@ class LegacyConstraintFields(BaseModel):
         return {name: getattr(self, name) for name in LEGACY_FIELDS if getattr(self, name) is not None}
 
 
-class _Request(LegacyConstraintFields):
+class _Request(ConstraintFields):
     # Every field is listed in server/openai/fields.py; `screen` refuses or drops what is not declared here.
     model_config = ConfigDict(extra="forbid")
     ENDPOINT: ClassVar[Endpoint]
@@ -46,8 +49,6 @@ class _Request(LegacyConstraintFields):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
     ignore_eos: bool = False
     max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
 

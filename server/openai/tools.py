@@ -19,6 +19,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from grammars.contract import has_tool_calls
 from grammars.limits import DEFAULT_LIMITS, InputLimits, check_count, check_schema_limits
 from grammars.request import ConstraintRequest
 from grammars.spec import GrammarKind
@@ -181,10 +182,6 @@ def detect_format(setting: str, tokenizer: Any) -> str:
 # -- responses -------------------------------------------------------------------------------------------------
 def new_call_id() -> str:
     return "call_" + secrets.token_urlsafe(18).replace("-", "a").replace("_", "b")
-
-
-def has_tool_calls(check: OutputCheck | None) -> bool:
-    return check is not None and check.valid and isinstance(check.value, ToolAnswer) and bool(check.value.calls)
 
 
 def chat_message(text: str, check: OutputCheck | None) -> dict[str, Any]:

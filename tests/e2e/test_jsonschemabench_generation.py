@@ -50,7 +50,8 @@ def _schemas() -> list[tuple[str, Any]]:
 @pytest.mark.timeout(1500)
 def test_finished_answers_validate_against_full_schema(server: RunningServer) -> None:
     from server.errors import ApiError
-    from server.protocol import ChatCompletionRequest
+    from server.openai.frontend import OpenAIFrontend
+    from server.openai.protocol import ChatCompletionRequest
     from server.serving import Service
 
     service = server.service
@@ -65,7 +66,7 @@ def test_finished_answers_validate_against_full_schema(server: RunningServer) ->
             seed=7,
         )
         try:
-            prepared = await service.prepare(req, service.chat_prompt(req), prompt_param="messages")
+            prepared = await OpenAIFrontend(service).prepare_chat(req)
         except ApiError as exc:
             assert exc.status == 400, exc.message  # refused schemas are a clear 400, never a 500
             return {"name": name, "compiled": False, "refusal": exc.code}

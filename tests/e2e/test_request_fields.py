@@ -13,7 +13,7 @@ from conftest import REPO, RunningServer
 from test_bad_input import assert_still_serving, expect_400
 
 from server.openai.fields import FIELDS, Endpoint, Treatment, declared_fields, markdown_table
-from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "hello"}]

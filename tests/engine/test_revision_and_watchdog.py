@@ -228,7 +228,7 @@ def test_dead_end_backtracks_or_ends_with_dead_end(family_model: LoadedModel, ma
 
 @pytest.fixture()
 def stall_engine(loaded: LoadedModel) -> Iterator[Engine]:
-    yield make_engine(loaded, limits=WatchdogLimits(whitespace_run=16, repeat_window=24))
+    yield make_engine(loaded, limits=WatchdogLimits(stall_whitespace_tokens=16, stall_repeat_tokens=24))
 
 
 def test_whitespace_loop_is_cut_short_while_others_finish(loaded: LoadedModel, stall_engine: Engine) -> None:

@@ -92,7 +92,7 @@ def _is_space(token: int) -> bool:
 
 
 def test_dictated_tokens_neither_count_nor_form_a_cycle() -> None:
-    detector = StallDetector(WatchdogLimits(whitespace_run=4, repeat_window=6, max_cycle=2), _is_space)
+    detector = StallDetector(WatchdogLimits(stall_whitespace_tokens=4, stall_repeat_tokens=6, max_cycle=2), _is_space)
     for _ in range(50):  # a forced cycle (7, 8) and forced whitespace: the grammar's doing
         assert not detector.observe([7, 8, 0], [False, False, False])
     for _ in range(3):  # three chosen spaces, then forced content ends the run
@@ -102,7 +102,7 @@ def test_dictated_tokens_neither_count_nor_form_a_cycle() -> None:
 
 
 def test_chosen_tokens_still_trip_both_checks() -> None:
-    limits = WatchdogLimits(whitespace_run=4, repeat_window=6, max_cycle=2)
+    limits = WatchdogLimits(stall_whitespace_tokens=4, stall_repeat_tokens=6, max_cycle=2)
     spaces = StallDetector(limits, _is_space)
     assert [spaces.observe([0], [True]) for _ in range(4)] == [False, False, False, True]
     cycle = StallDetector(limits, _is_space)

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from server.cli import main as cli_main
 from server.cli import settings_from_args
-from server.openai.request_limits import add_outer_middleware
+from server.middleware import add_outer_middleware
 from server.settings import Settings
 
 MODEL = "corral-tiny"
@@ -112,14 +112,14 @@ def test_echoed_values_are_clipped(http: httpx.Client) -> None:
 def test_unexpected_exception_is_a_500_that_keeps_the_connection(
     http: httpx.Client, server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A real exception inside a real handler (the running Service's chat prompt step, patched for this
+    """A real exception inside a real handler (the running front end's chat prompt step, patched for this
     test): a 500 in OpenAI's shape, logged with the request id, counted, and the connection serves on."""
 
     def broken_prompt(req: Any) -> list[int]:
         raise RuntimeError("secret detail from inside the server")
 
     before = _internal_errors(http)
-    monkeypatch.setattr(server.service, "chat_prompt", broken_prompt)
+    monkeypatch.setattr(server.frontend, "chat_prompt", broken_prompt)
     with caplog.at_level(logging.ERROR, logger="server.errors"):
         response = http.post("/v1/chat/completions", json=CHOICE_OK, headers={"X-Request-Id": "req-500-test"})
     monkeypatch.undo()

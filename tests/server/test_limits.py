@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from grammars.contract import validate_output
 from grammars.limits import InputLimits, LimitExceeded, check_schema_limits
 from grammars.request import parse_constraint
 from grammars.spec import GrammarSpec
-from grammars.validation import validate_output
-from server.openai.request_limits import json_depth
+from server.middleware import json_depth
 from server.openai.tools import parse_tools
 from server.settings import Settings
 
@@ -134,9 +134,8 @@ def test_defaults_accept_every_committed_benchmark_schema() -> None:
 
 
 def test_settings_defaults_match_the_library_defaults() -> None:
-    from server.openai.request_limits import input_limits
-
-    assert input_limits(Settings()) == InputLimits()
+    assert Settings().input_limits() == InputLimits()
+    assert Settings(max_tools=3, max_choices=7).input_limits() == InputLimits(max_tools=3, max_choices=7)
 
 
 def test_an_answer_too_deep_to_check_fails_closed() -> None:

@@ -38,7 +38,7 @@ def _huge_text(megabytes: float) -> str:
 def test_a_tiny_request_finishes_while_a_huge_one_is_tokenized(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch, route: str, prompt_of: Any, prompt_param: str
 ) -> None:
-    service: Any = server.service
+    frontend: Any = server.frontend
     client: Any = server.client()
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "pick"}], "max_tokens": 10, "extra_body": CHOICE}
     client.chat.completions.create(**ask)  # compiled and cached: the tiny request costs a few decode steps
@@ -46,13 +46,13 @@ def test_a_tiny_request_finishes_while_a_huge_one_is_tokenized(
     # Learn when the huge request's prompt work has begun (the same method, merely watched).
     started = threading.Event()
     name = "chat_prompt" if route == "chat/completions" else "completion_prompt"
-    original = getattr(service, name)
+    original = getattr(frontend, name)
 
-    def watched(req: Any) -> list[int]:
+    def watched(req: Any) -> Any:
         started.set()
-        return list(original(req))
+        return original(req)
 
-    monkeypatch.setattr(service, name, watched)
+    monkeypatch.setattr(frontend, name, watched)
     finished: list[str] = []
     huge: dict[str, httpx.Response] = {}
 
@@ -64,7 +64,7 @@ def test_a_tiny_request_finishes_while_a_huge_one_is_tokenized(
     sender = threading.Thread(target=send_huge)
     sender.start()
     assert started.wait(timeout=120), "the huge request never reached prompt rendering"
-    monkeypatch.setattr(service, name, original)
+    monkeypatch.setattr(frontend, name, original)
     tiny = client.chat.completions.create(**ask)
     finished.append("tiny")
     sender.join(timeout=300)

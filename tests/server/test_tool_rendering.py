@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from grammars.contract import validate_output
 from grammars.request import ConstraintRequest
 from grammars.tools import tool_calls_spec
-from grammars.validation import validate_output
 from server.openai.chat_render import MessageError, prompt_ids
+from server.openai.protocol import ChatMessage
 from server.openai.tools import ToolCallStream, chat_message, detect_format, parse_tools
-from server.protocol import ChatMessage
 
 PARAMS: dict[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Look up", "parameters": PARAMS}}]
