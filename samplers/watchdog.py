@@ -22,8 +22,8 @@ class Trip(StrEnum):
 
 @dataclass(frozen=True)
 class WatchdogLimits:
-    whitespace_run: int = 64  # consecutive whitespace-only tokens; 0 disables
-    repeat_window: int = 64  # tokens that must repeat a short cycle exactly to count as a loop; 0 disables
+    stall_whitespace_tokens: int = 64  # consecutive whitespace-only tokens; 0 disables
+    stall_repeat_tokens: int = 64  # tokens that must repeat a short cycle exactly to count as a loop; 0 disables
     max_cycle: int = 8  # longest cycle (in tokens) the repeat check looks for
     mask_budget_ms: float = 50.0  # one row's mask fill above this is an overrun
     mask_overruns: int = 8  # overruns tolerated per request before it ends
@@ -42,7 +42,7 @@ class StallDetector:
         self.limits = limits
         self._is_whitespace = is_whitespace
         self.whitespace_run = 0
-        self._chosen: deque[int] = deque(maxlen=limits.repeat_window + limits.max_cycle)
+        self._chosen: deque[int] = deque(maxlen=limits.stall_repeat_tokens + limits.max_cycle)
 
     def observe(self, tokens: Sequence[int], chosen: Sequence[bool]) -> bool:
         """Feed the tokens just appended, each flagged chosen (by the model) or not (dictated by the
@@ -56,12 +56,12 @@ class StallDetector:
                 fresh = True
             elif not whitespace:
                 self.whitespace_run = 0
-        if self.limits.whitespace_run and self.whitespace_run >= self.limits.whitespace_run:
+        if self.limits.stall_whitespace_tokens and self.whitespace_run >= self.limits.stall_whitespace_tokens:
             return True
         return fresh and self._repeating()
 
     def _repeating(self) -> bool:
-        window = self.limits.repeat_window
+        window = self.limits.stall_repeat_tokens
         if not window:
             return False
         history = list(self._chosen)
