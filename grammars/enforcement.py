@@ -2,15 +2,16 @@
 post-check (jsonschema + format checker; under `auto` also the contract guard) enforces. For `POST /v1/grammars`
 and mediation: a caller can see before generating what the engine will hold and what only the check will.
 
-A conservative reading of each engine's behaviour (samplers/*_backend.py, docs/benchmarks.md): a keyword is
-listed under `decode` only where the engine is known to enforce it."""
+Each backend declares its own table (`KeywordTable` in its `BackendTraits`, samplers/backends/): a conservative
+reading of the engine's behaviour, listing a keyword under `decode` only where the engine is known to enforce
+it. A backend that declares no table claims nothing: every keyword is left to the post-check."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from grammars.features import iter_subschemas, schema_features
+from grammars.features import KeywordTable, TraitsOf, iter_subschemas, schema_features, traits_of
 from grammars.spec import GrammarKind, GrammarSpec
 
 # Keys that constrain nothing (annotations, containers walked for their subschemas).
@@ -18,18 +19,6 @@ _NOT_CONSTRAINTS = frozenset({
     "$schema", "$id", "$comment", "$anchor", "$defs", "definitions", "title", "description", "default", "examples",
     "deprecated", "readOnly", "writeOnly", "format", "x-guidance", "contentMediaType", "contentEncoding",
 })
-# llguidance's lenient (decode-safe) profile skips keywords it does not implement and compiles oneOf as anyOf.
-_LLGUIDANCE_SKIPPED = frozenset({
-    "not", "if", "then", "else", "dependencies", "dependentSchemas", "dependentRequired",
-    "unevaluatedProperties", "unevaluatedItems", "oneOf",
-})
-_LLGUIDANCE_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
-# xgrammar relaxes these even in a full compile (oneOf as anyOf; formats); its decode-safe compile also keeps
-# the keywords it compiles without enforcing (samplers/xgrammar_backend.py IGNORED_KEYWORDS).
-_XGRAMMAR_RELAXED = frozenset({"oneOf"})
-_XGRAMMAR_IGNORED = frozenset(
-    {"contains", "not", "if", "then", "else", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems"}
-)
 
 
 def schemas_of(spec: GrammarSpec) -> list[Any]:
@@ -43,26 +32,30 @@ def schemas_of(spec: GrammarSpec) -> list[Any]:
     return []
 
 
-def keyword_enforcement(spec: GrammarSpec, backend: str) -> dict[str, list[str]] | None:
+def keyword_enforcement(
+    spec: GrammarSpec, backend: str, traits: TraitsOf | None = None
+) -> dict[str, list[str]] | None:
     """{"decode": [...], "post_check": [...]} for schema-bearing specs compiled by `backend` (with the
-    profile `spec.decode_safe` says); None for grammars, regexes and choices (all enforced while decoding)."""
+    profile `spec.decode_safe` says); None for grammars, regexes and choices (all enforced while decoding).
+    `traits`: where `backend`'s table comes from (default: the registry's lookup, grammars.features)."""
     schemas = schemas_of(spec)
     if not schemas:
         return None
     used = set().union(*(schema_features(s) for s in schemas)) - _NOT_CONSTRAINTS
-    post = {keyword for keyword in used if _relaxed(keyword, backend, spec.decode_safe)}
+    table = traits_of(backend, traits).keywords
+    if table is None:
+        return {"decode": [], "post_check": sorted(used)}
+    post = {keyword for keyword in used if _relaxed(keyword, table, spec.decode_safe)}
     # What sits only beneath a relaxed keyword (the `const` in `not: {const: 3}`) is not enforced either.
     pruned = [_without(s, post) for s in schemas]
     decode = set().union(*(schema_features(s) for s in pruned)) - _NOT_CONSTRAINTS - post
     return {"decode": sorted(decode), "post_check": sorted(used - decode)}
 
 
-def _relaxed(keyword: str, backend: str, decode_safe: bool) -> bool:
+def _relaxed(keyword: str, table: KeywordTable, decode_safe: bool) -> bool:
     if keyword.startswith("format:"):
-        return backend != "llguidance" or keyword.removeprefix("format:") not in _LLGUIDANCE_FORMATS
-    if backend == "llguidance":
-        return decode_safe and keyword in _LLGUIDANCE_SKIPPED
-    return keyword in _XGRAMMAR_RELAXED or (decode_safe and keyword in _XGRAMMAR_IGNORED)
+        return keyword.removeprefix("format:") not in table.formats
+    return keyword in table.relaxed or (decode_safe and keyword in table.decode_safe_skipped)
 
 
 def _without(schema: Any, keywords: set[str]) -> Any:

@@ -1,8 +1,14 @@
-"""Feature scan of a JSON Schema: which keywords it uses, so `auto` can pick the engine that enforces them."""
+"""Feature scan of a JSON Schema, and `auto` routing by what each enabled backend declares about itself.
+
+The grammars layer names no engine: a backend's routing traits and keyword table (`BackendTraits`, plain
+data) are declared beside the backend (samplers/backends/) and reach this module either from the caller
+(`traits=`, as samplers.compilation passes `BackendSet.traits`) or through the lookup the samplers registry
+installs with `use_traits` when it is imported. Until then every backend has the neutral `BackendTraits()`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from grammars.spec import GrammarKind, GrammarSpec
@@ -23,6 +29,56 @@ _SCHEMA_SINGLE = (
     "unevaluatedItems",
     "additionalItems",
 )
+# The spec kinds that embed JSON Schema documents (GrammarSpec.embeds_schema).
+SCHEMA_KINDS = frozenset({GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT, GrammarKind.TOOL_CALLS})
+UNRANKED = 100  # the rank of a kind a backend does not rank: after every ranked backend, in the enabled order
+
+
+@dataclass(frozen=True)
+class KeywordTable:
+    """What a backend's compile of a JSON Schema does not enforce while decoding (grammars/enforcement.py)."""
+
+    relaxed: frozenset[str] = frozenset()  # compiled without being enforced, in either profile
+    decode_safe_skipped: frozenset[str] = frozenset()  # also not enforced by the decode-safe profile
+    formats: frozenset[str] = frozenset()  # string formats enforced while decoding (others: the post-check)
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    """What `auto` and `POST /v1/grammars` need to know about a backend, without loading its engine.
+
+    The neutral default (a plug-in that declares nothing) takes every kind, ranks none, has no decode-safe
+    profile and no keyword table: it is tried after the ranked backends, and every schema keyword it
+    compiles is reported as enforced only by the post-check."""
+
+    kinds: frozenset[GrammarKind] = frozenset(GrammarKind)  # what it compiles; `auto` skips it for others
+    rank: Mapping[GrammarKind, int] = field(default_factory=dict)  # lower is tried first; missing: UNRANKED
+    relaxed_profile: bool = False  # compiles GrammarSpec.decode_safe differently: `auto` tries it as well
+    keywords: KeywordTable | None = None  # None: nothing is known, so nothing is claimed
+    lark_json: bool = False  # takes Lark grammars with `%json` blocks (how mediation's dispatch markers ride)
+
+    def rank_for(self, kind: GrammarKind) -> int:
+        return self.rank.get(kind, UNRANKED)
+
+
+TraitsOf = Callable[[str], BackendTraits]
+
+
+def _neutral(_: str) -> BackendTraits:
+    return BackendTraits()
+
+
+_installed: list[TraitsOf] = [_neutral]
+
+
+def use_traits(lookup: TraitsOf) -> None:
+    """Install the process-wide traits lookup (the samplers registry does, on import)."""
+    _installed[0] = lookup
+
+
+def traits_of(name: str, traits: TraitsOf | None = None) -> BackendTraits:
+    """`name`'s traits from `traits`, else from the installed lookup."""
+    return (traits or _installed[0])(name)
 
 
 def iter_subschemas(schema: Any) -> Iterator[dict[str, Any]]:
@@ -60,45 +116,28 @@ def schema_features(schema: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def route(spec: GrammarSpec, available: list[str]) -> list[str]:
-    """Backends to try for `backend=auto`, best first; every available backend appears once (for JSON
-    Schema, `attempts` below adds each engine's decode-safe profile after its full compile).
-
-    JSON goes to llguidance first, xgrammar second, from measurements (docs/benchmarks.md, masks mode,
-    40 schemas per dev subset, 2 CPU cores):
-    - strictness: llguidance accepted 0 invalid instances, xgrammar 15 (keywords: type, oneOf, enum,
-      minItems, maximum, additionalProperties, format) — it relaxes oneOf to anyOf, ignores
-      patternProperties value types, and on Github_trivial/o44455 (root `type: object` + `allOf`)
-      emitted a bare string;
-    - coverage and compile time: llguidance declared 88.2 % vs 82.1 % and compiled in 1-3 ms (p50)
-      vs up to 2.3 s; xgrammar timed out on 25/40 Github_hard and 13/40 Kubernetes schemas;
-    - string length bounds: xgrammar 0.2.8 compiles them into huge repetition rules (slow masks) and
-      admits raw control characters there.
-    What llguidance refuses (e.g. `not`, `dependencies`, non-disjoint `oneOf`, unknown formats) falls back
-    to xgrammar, which refuses the keywords it would silently ignore (samplers/xgrammar_backend.py). The
-    keywords xgrammar does compile but relaxes (`oneOf` as `anyOf`, some `enum`, `maximum`, `format`: 12
-    strictness failures in that run, all of them in schemas only xgrammar declared, so routing alone left
-    `auto` with 7) are closed by the contract guard that `auto` serves through (samplers/contract_guard.py).
-    Grammars, regexes and choices keep xgrammar first: both engines take them and xgrammar's masks
-    were the faster there (TBM p50 3-14 µs)."""
-    json_kind = spec.embeds_schema  # tool calls too: their arguments are JSON Schema documents
-    preferred = ["llguidance", "xgrammar"] if json_kind else ["xgrammar", "llguidance"]
-    ordered = [name for name in preferred if name in available]
-    return ordered + [name for name in available if name not in ordered]
+def route(spec: GrammarSpec, available: Sequence[str], traits: TraitsOf | None = None) -> list[str]:
+    """Backends to try for `backend=auto`, best first: each available backend that takes the spec's kind
+    once, by its rank for that kind (ties, and backends that rank nothing, keep the `available` order).
+    Why each built-in ranks as it does, with the measurements, is in samplers/backends/."""
+    declared = [(name, traits_of(name, traits)) for name in available]
+    taking = [(name, t) for name, t in declared if spec.kind in t.kinds]
+    return [name for name, t in sorted(taking, key=lambda pair: pair[1].rank_for(spec.kind))]
 
 
-def attempts(spec: GrammarSpec, available: list[str]) -> list[tuple[str, GrammarSpec]]:
-    """What `auto` compiles, in order: (backend, spec) pairs. A JSON Schema also gets its decode-safe
-    profile (so does a tool-call spec, whose functions' schemas are compiled the same way), served only
-    behind the contract guard: llguidance's first (it compiles in milliseconds
-    where xgrammar takes seconds), then xgrammar's full and decode-safe compiles.
-
-    Measured (docs/benchmarks.md, masks mode, the 8,499-schema dev set, before this profile existed):
-    llguidance refused 891 schemas; xgrammar then compiled 756 of them (p50 GCT in seconds, not ms),
-    timed out on 25 (all 25 refused by llguidance only for `oneOf` or an unknown format), and 110 were
-    refused by both, mostly for `not` (61), `dependencies` (32) and `if/then/else` (7) — keywords neither
-    engine enforces but the contract guard does where the answer ends."""
-    names = route(spec, available)
+def attempts(
+    spec: GrammarSpec, available: Sequence[str], traits: TraitsOf | None = None
+) -> list[tuple[str, GrammarSpec]]:
+    """What `auto` compiles, in order: (backend, spec) pairs. A JSON Schema (and a tool-call spec, whose
+    functions' schemas compile the same way) also gets each backend's decode-safe profile right after its full
+    compile, where the backend has one (`relaxed_profile`); that profile is served only behind the contract
+    guard (samplers/contract_guard.py), which enforces at the answer's end what the engine relaxed."""
+    names = route(spec, available, traits)
     if spec.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS):
         return [(name, spec) for name in names]
-    return [(name, variant) for name in names for variant in (spec, spec.relaxed())]
+    plan: list[tuple[str, GrammarSpec]] = []
+    for name in names:
+        plan.append((name, spec))
+        if traits_of(name, traits).relaxed_profile:
+            plan.append((name, spec.relaxed()))
+    return plan

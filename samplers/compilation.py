@@ -1,7 +1,7 @@
 """Compile a spec with one backend or with `auto` routing, behind a cache keyed by the canonical spec.
 
-Every compile runs under a deadline (`compile_timeout_s`) for every grammar kind. Built-in backends
-compile in killable worker processes (samplers.sandbox): an overrun kills the worker, so a hostile
+Every compile runs under a deadline (`compile_timeout_s`) for every grammar kind. Backends with a codec (the
+built-ins) compile in killable worker processes (samplers.sandbox): an overrun kills the worker, so a hostile
 grammar stops costing CPU at the deadline, and the refusal is cached like any other, so the same spec
 is refused at once next time.
 
@@ -35,6 +35,7 @@ from samplers.sandbox import (
     CompileStopped,
     CompileTimeout,
     SandboxUnavailable,
+    sandboxable,
 )
 
 log = logging.getLogger(__name__)
@@ -78,14 +79,26 @@ class CompileResult:
     tried: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class CompileOptions:
+    """How the server compiles (the `compile` settings group, handed over whole): the deadline, killable worker
+    processes and their memory cap, and how long a cached timeout stands."""
+
+    compile_timeout_s: float = 10.0
+    compile_workers: int = DEFAULT_WORKERS
+    compile_isolate: bool = True
+    compile_memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB
+    compile_timeout_retry_s: float | None = 600.0
+
+
 class GrammarCache:
     """Thread-safe LRU of compiled grammars and of refusals; concurrent misses on a key compile once.
 
-    `isolate` runs the built-in backends in killable worker processes (the server turns it on; the
-    library default is in-process, with the deadline checked after the fact); the
-    workers are shared by every cache over the same BackendSet, so short-lived caches cost no new
-    processes. `timeout_retry_s`: a cached timeout expires after this long (None: never), so a grammar
-    that only timed out because the host was overloaded is not refused forever.
+    `isolate` runs the backends that have a codec (the built-ins) in killable worker processes (the server
+    turns it on; the library default is in-process, with the deadline checked after the fact); the workers
+    are shared by every cache over the same BackendSet, so short-lived caches cost no new processes.
+    `timeout_retry_s`: a cached timeout expires after this long (None: never), so a grammar that only timed
+    out because the host was overloaded is not refused forever.
     """
 
     def __init__(
@@ -107,7 +120,7 @@ class GrammarCache:
         self.capacity = capacity
         self.compile_timeout_s = compile_timeout_s
         self.timeout_retry_s = timeout_retry_s
-        if sandbox is None and isolate:
+        if sandbox is None and isolate and sandboxable(backends.enabled):
             sandbox = shared_sandbox(
                 backends, workers=workers, spares=spare_workers, memory_limit_mb=memory_limit_mb
             )
@@ -118,6 +131,17 @@ class GrammarCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    @classmethod
+    def from_options(cls, backends: BackendSet, options: CompileOptions) -> GrammarCache:
+        return cls(
+            backends,
+            compile_timeout_s=options.compile_timeout_s,
+            isolate=options.compile_isolate,
+            workers=options.compile_workers,
+            memory_limit_mb=options.compile_memory_limit_mb,
+            timeout_retry_s=options.compile_timeout_retry_s,
+        )
 
     def warm_up(self) -> None:
         """Build every backend's tables, in this process and in the compile workers (which boot
@@ -215,7 +239,7 @@ class GrammarCache:
         self._expiry.pop(key, None)
 
     def _compile_uncached(self, spec: GrammarSpec, backend: str) -> CompiledGrammar | GrammarRejected:
-        plan = attempts(spec, self.backends.enabled) if backend == AUTO else [(backend, spec)]
+        plan = attempts(spec, self.backends.enabled, self.backends.traits) if backend == AUTO else [(backend, spec)]
         failures: list[CompileError] = []
         budget = Budget(self.compile_timeout_s)
         for name, variant in plan:

@@ -1,4 +1,5 @@
-"""llguidance as a SamplerBackend: JSON Schema, regex, Lark (and GBNF converted to Lark)."""
+"""llguidance as a SamplerBackend: JSON Schema, regex, Lark (and GBNF converted to Lark). Its traits, keyword
+table and sandbox codec are declared in samplers/backends/llguidance.py."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 from grammars.lowering import choice_to_lark
 from grammars.spec import GrammarKind, GrammarSpec
 from grammars.tools import ToolGrammar, to_lark
+from samplers.backends.llguidance import NAME
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
-
-NAME = "llguidance"
 
 # The same separators as the xgrammar backend (", " and ": ") and no free whitespace: llguidance's
 # default is flexible whitespace, which lets a model loop on spaces. Not lenient: an unimplemented

@@ -1,13 +1,16 @@
-"""The two seams every grammar engine plugs into: an engine-level backend and a per-request matcher."""
+"""The seam every grammar engine plugs into: an engine-level backend, a per-request matcher, and the
+descriptor a backend is registered with (its factory, its traits, its sandbox codec)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from grammars.features import BackendTraits
 from grammars.spec import GrammarSpec
 
 
@@ -85,6 +88,55 @@ class SamplerBackend(Protocol):
 
     def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         """Fill many rows at once; implementations release the GIL and use their own threads."""
+
+
+BackendFactory = Callable[[TokenizerSpec], SamplerBackend]
+
+
+class Codec(Protocol):
+    """How a backend's compiled grammar crosses the compile sandbox's process boundary (samplers/sandbox.py).
+    One instance per process side, made by `BackendDescriptor.codec()`; it may keep per-process state."""
+
+    def export(self, compiled: CompiledGrammar) -> Any:
+        """In the worker: a picklable payload for `restore`, or None when rebuilding is cheaper."""
+
+    def restore(self, impl: SamplerBackend, spec: GrammarSpec, payload: Any) -> CompiledGrammar:
+        """In the parent: the compiled grammar, equivalent to `impl.compile(spec)`. Without a payload
+        it compiles again in-process: the worker just did the same work within the deadline, so this
+        is bounded (a success can thus take up to ~2x the deadline; a refusal never does)."""
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A `module:attribute` reference, imported on first use (xgrammar pulls in triton, for instance);
+    calling it calls the attribute. Picklable, so a descriptor made of these crosses to a compile worker."""
+
+    target: str
+
+    def load(self) -> Any:
+        module_name, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.load()(*args)
+
+
+@dataclass(frozen=True)
+class BackendDescriptor:
+    """Everything corral knows about one backend, registered under its name (samplers/registry.py): how to
+    build it, what `auto` routing and the keyword report may assume of it (`traits`, plain data the grammars
+    layer reads), and how its compiled grammars cross a process boundary (`codec`; None: the backend
+    compiles in the caller's thread, never in a killable worker). A compile worker receives the descriptor
+    pickled, so a backend with a codec must be importable by the worker (a module-level class or function)."""
+
+    factory: BackendFactory
+    traits: BackendTraits = field(default_factory=BackendTraits)
+    codec: Callable[[], Codec] | None = None
+
+    def makes(self, impl: SamplerBackend) -> bool:
+        """False when `impl` is not what `factory` builds (a test double standing in under the same name)."""
+        made = self.factory.load() if isinstance(self.factory, Lazy) else self.factory
+        return not isinstance(made, type) or type(impl) is made
 
 
 def allocate_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:

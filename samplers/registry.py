@@ -1,29 +1,36 @@
-"""Backend registry: built-ins imported lazily, third-party backends through an entry-point group."""
+"""Backend registry: every backend is a BackendDescriptor (samplers/protocol.py) under a name. The built-ins'
+descriptors (samplers/backends/) are imported when first asked for; third-party backends come through the
+`corral.sampler_backends` entry-point group (an entry point names a descriptor, or a bare factory) or
+`register_backend`. Importing this module installs `backend_traits` as the grammars layer's traits lookup,
+so `auto` routing and the keyword report (grammars/features.py, grammars/enforcement.py) read what each
+backend declares without the grammars layer naming any engine."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
-from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from grammars.features import BackendTraits, use_traits
 from samplers.contract_guard import ContractGuard
-from samplers.protocol import SamplerBackend, TokenizerSpec
+from samplers.protocol import BackendDescriptor, BackendFactory, Lazy, SamplerBackend, TokenizerSpec
+
+__all__ = [
+    "AUTO", "ENTRY_POINT_GROUP", "BackendFactory", "BackendSet", "UnknownBackend", "backend_names",
+    "backend_traits", "descriptor", "find_descriptor", "register_backend", "resolve_factory",
+]
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "corral.sampler_backends"
 AUTO = "auto"
 
-BackendFactory = Callable[[TokenizerSpec], SamplerBackend]
-
-# name -> "module:attribute"; imported only when first used (xgrammar pulls in triton, for instance).
+# name -> "module:attribute" of its descriptor (light modules; the engines load on first use).
 _BUILTIN: dict[str, str] = {
-    "xgrammar": "samplers.xgrammar_backend:XGrammarBackend",
-    "llguidance": "samplers.llguidance_backend:LLGuidanceBackend",
+    "xgrammar": "samplers.backends.xgrammar:DESCRIPTOR",
+    "llguidance": "samplers.backends.llguidance:DESCRIPTOR",
 }
-_registered: dict[str, BackendFactory] = {}
+_registered: dict[str, BackendFactory | BackendDescriptor] = {}
 _lock = threading.Lock()
 
 
@@ -33,39 +40,68 @@ class UnknownBackend(ValueError):
         self.name = name
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make `factory` available as backend `name` (overrides a built-in of the same name)."""
+def register_backend(
+    name: str, factory: BackendFactory | BackendDescriptor, *, traits: BackendTraits | None = None
+) -> None:
+    """Make a backend available as `name` (overrides a built-in or entry point of the same name): a
+    BackendDescriptor, or a bare factory with `traits` (default: neutral ones) and no codec, so it compiles
+    in the caller's thread. A codec needs a descriptor whose parts a compile worker can import."""
     if not name or name == AUTO:
         raise ValueError(f"backend name {name!r} is reserved or empty")
+    entry = _as_descriptor(factory)
+    if traits is not None:
+        entry = BackendDescriptor(entry.factory, traits, entry.codec)
     with _lock:
-        _registered[name] = factory
+        _registered[name] = entry
 
 
-def _entry_point_factories() -> dict[str, str]:
+def _entry_point_targets() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def backend_names() -> list[str]:
     names = list(_BUILTIN)
-    names += [n for n in _entry_point_factories() if n not in names]
+    names += [n for n in _entry_point_targets() if n not in names]
     names += [n for n in _registered if n not in names]
     return names
 
 
-def _load(target: str) -> BackendFactory:
-    module_name, _, attribute = target.partition(":")
-    factory: BackendFactory = getattr(importlib.import_module(module_name), attribute)
-    return factory
+def _as_descriptor(entry: object) -> BackendDescriptor:
+    if isinstance(entry, BackendDescriptor):
+        return entry
+    if callable(entry):
+        return BackendDescriptor(entry)
+    raise TypeError(f"a backend is a BackendDescriptor or a factory, not {type(entry).__name__}")
+
+
+def find_descriptor(name: str) -> BackendDescriptor | None:
+    """`name`'s descriptor: registered, built in, or from an entry point (imported now); None if unknown."""
+    with _lock:
+        entry = _registered.get(name)
+    if entry is not None:
+        return _as_descriptor(entry)
+    target = _BUILTIN.get(name) or _entry_point_targets().get(name)
+    return None if target is None else _as_descriptor(Lazy(target).load())
+
+
+def descriptor(name: str) -> BackendDescriptor:
+    found = find_descriptor(name)
+    if found is None:
+        raise UnknownBackend(name)
+    return found
 
 
 def resolve_factory(name: str) -> BackendFactory:
-    with _lock:
-        if name in _registered:
-            return _registered[name]
-    target = _BUILTIN.get(name) or _entry_point_factories().get(name)
-    if target is None:
-        raise UnknownBackend(name)
-    return _load(target)
+    return descriptor(name).factory
+
+
+def backend_traits(name: str) -> BackendTraits:
+    """What `name` declares of itself; neutral traits for a name nothing registers (a test double)."""
+    found = find_descriptor(name)
+    return found.traits if found is not None else BackendTraits()
+
+
+use_traits(backend_traits)
 
 
 class BackendSet:
@@ -76,11 +112,19 @@ class BackendSet:
         self.enabled = enabled or backend_names()
         self._instances: dict[str, SamplerBackend] = {}
         self._guarded: dict[str, SamplerBackend] = {}
+        self._traits: dict[str, BackendTraits] = {}
         self._lock = threading.Lock()
 
     def check_name(self, name: str) -> None:
         if name != AUTO and name not in self.enabled:
             raise UnknownBackend(name)
+
+    def traits(self, name: str) -> BackendTraits:
+        """`name`'s traits, looked up once per set (an entry point's lookup scans the installed packages)."""
+        found = self._traits.get(name)
+        if found is None:
+            found = self._traits[name] = backend_traits(name)
+        return found
 
     def get(self, name: str) -> SamplerBackend:
         self.check_name(name)
@@ -88,7 +132,7 @@ class BackendSet:
             backend = self._instances.get(name)
             if backend is None:
                 log.info("initialising grammar backend %s", name)
-                backend = resolve_factory(name)(self.tokenizer)
+                backend = descriptor(name).factory(self.tokenizer)
                 self._instances[name] = backend
             return backend
 

@@ -34,13 +34,14 @@ def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
 
     @router.get("/v1/capabilities")
     async def capabilities() -> dict[str, Any]:
+        enabled = service.backends.enabled
         return {
             "object": "capabilities",
             "modes": list(MODES),
-            # How the dispatch markers ride inside a constraint: a Lark grammar with `%json` (llguidance).
-            "markers": "lark_json" if "llguidance" in service.backends.enabled else None,
+            # How the dispatch markers ride inside a constraint: a Lark grammar with `%json`, if a backend takes it.
+            "markers": "lark_json" if any(service.backends.traits(n).lark_json for n in enabled) else None,
             "constraint_kinds": [str(kind) for kind in GrammarKind],
-            "backends": list(service.backends.enabled),
+            "backends": list(enabled),
             "default_backend": "auto",
             "profiles": ["full", "decode_safe"],
             "logprobs": True,

@@ -1,15 +1,28 @@
-"""Feature scan and `auto` routing: string length bounds anywhere in a schema go to llguidance first."""
+"""Feature scan and `auto` routing by the traits each backend declares: string length bounds anywhere in a
+schema go to llguidance first; a plug-in's traits place it, and keep it away from kinds it does not take."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
-from grammars.features import route, schema_features
-from grammars.spec import GrammarSpec
+from grammars import features
+from grammars.features import BackendTraits, attempts, schema_features
+from grammars.spec import GrammarKind, GrammarSpec
+from samplers.backends import llguidance, xgrammar
 
 BOTH = ["xgrammar", "llguidance"]
+DECLARED = {"xgrammar": xgrammar.TRAITS, "llguidance": llguidance.TRAITS}
+
+
+def builtin_traits(name: str) -> BackendTraits:
+    return DECLARED.get(name, BackendTraits())
+
+
+# The built-ins' own declarations, handed over as the caller does (samplers.compilation passes BackendSet.traits).
+route = partial(features.route, traits=builtin_traits)
 
 
 def bounded(keyword: str = "maxLength") -> dict[str, Any]:
@@ -78,3 +91,39 @@ def test_schema_features_reports_formats_and_nested_keywords() -> None:
     features = schema_features(schema)
     assert {"format:date-time", "format", "minimum", "uniqueItems", "properties", "$defs"} <= features
     assert schema_features(True) == frozenset()
+
+
+CHOOSER = BackendTraits(kinds=frozenset({GrammarKind.CHOICE}), rank={GrammarKind.CHOICE: 0})
+
+
+def with_chooser(name: str) -> BackendTraits:
+    return CHOOSER if name == "chooser" else builtin_traits(name)
+
+
+def test_a_plugins_rank_puts_it_first_for_the_kinds_it_ranks() -> None:
+    assert features.route(GrammarSpec.choice(["a"]), [*BOTH, "chooser"], with_chooser) == ["chooser", *BOTH]
+
+
+def test_a_backend_is_not_routed_a_kind_it_does_not_take() -> None:
+    spec = GrammarSpec.regex("a")
+    assert features.route(spec, ["chooser", *BOTH], with_chooser) == BOTH
+    assert features.route(spec, ["chooser"], with_chooser) == []
+
+
+def test_the_decode_safe_profile_is_tried_only_by_backends_that_declare_one() -> None:
+    spec = GrammarSpec.json_schema({"type": "object"})
+    plan = [(name, s.decode_safe) for name, s in attempts(spec, ["plugin", "llguidance"], builtin_traits)]
+    assert plan == [("llguidance", False), ("llguidance", True), ("plugin", False)]
+
+
+def test_without_a_lookup_every_backend_is_neutral(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(features, "_installed", [features._neutral])
+    assert features.route(GrammarSpec.json_object(), BOTH) == BOTH
+
+
+def test_the_registry_installs_its_lookup() -> None:
+    import samplers.registry
+
+    assert features.traits_of("llguidance") is samplers.registry.backend_traits("llguidance") is llguidance.TRAITS
+    assert features.route(GrammarSpec.json_object(), BOTH) == ["llguidance", "xgrammar"]
+    assert features.traits_of("no-such-backend") == BackendTraits()

@@ -167,21 +167,3 @@ def test_jsonl_export_carries_verifiable_rewards(tmp_path: Path) -> None:
     assert [r["reward"] for r in rows] == [1.0, 0.6, 0.0]
     assert rows[1]["checks"] == {"json": True, "schema": True, "positive": False}
     assert rows[1]["failure_class"] == "semantic_invalid"
-
-
-def test_keyword_enforcement_by_backend_and_profile() -> None:
-    from grammars.enforcement import keyword_enforcement
-    from grammars.spec import GrammarSpec
-
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 3}},
-                                               "o": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
-                                               "d": {"type": "string", "format": "date"}}}
-    full = GrammarSpec.json_schema(schema)
-    assert keyword_enforcement(full, "llguidance") == {
-        "decode": ["const", "format:date", "not", "oneOf", "properties", "type"], "post_check": []}
-    # The lenient profile skips `not` (and the `const` only reachable beneath it) and relaxes oneOf.
-    assert keyword_enforcement(full.relaxed(), "llguidance") == {
-        "decode": ["format:date", "properties", "type"], "post_check": ["const", "not", "oneOf"]}
-    assert keyword_enforcement(full, "xgrammar") == {
-        "decode": ["const", "not", "properties", "type"], "post_check": ["format:date", "oneOf"]}
-    assert keyword_enforcement(GrammarSpec.regex("a+"), "xgrammar") is None

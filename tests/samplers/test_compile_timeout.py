@@ -64,7 +64,7 @@ ORDINARY: list[tuple[GrammarSpec, str]] = [
     (GrammarSpec.json_schema(SCHEMA), '{"age": 42, "name": "bob", "tags": ["a"]}'),
     (GrammarSpec.json_object(), '{"x": [1, 2]}'),
     (GrammarSpec.regex(r"[0-9]{3}-[a-z]+"), "123-abc"),
-    # 1.4 MB in xgrammar's memory (69 ms): over XGRAMMAR_SHIP_LIMIT_BYTES, so the parent compiles it again.
+    # 1.4 MB in xgrammar's memory (69 ms): over xgrammar_backend.SHIP_LIMIT_BYTES, so the parent compiles it again.
     (GrammarSpec.regex(r"[a-z]{1,30}[0-9]{1,30}"), "abc123"),
     (GrammarSpec.choice(["yes", "no", "maybe"]), "maybe"),
     (GrammarSpec.ebnf('root ::= "(" [0-9]+ ")"'), "(42)"),
@@ -73,16 +73,8 @@ ORDINARY: list[tuple[GrammarSpec, str]] = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer_spec() -> TokenizerSpec:
-    from transformers import AutoConfig, AutoTokenizer
-
-    from server.models import ensure_default_model
-
-    model_dir = ensure_default_model()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    vocab_size = int(AutoConfig.from_pretrained(model_dir).vocab_size)
-    stops = [tok.eos_token_id, tok.convert_tokens_to_ids("<|end_of_text|>")]
-    return TokenizerSpec(tok, vocab_size, tuple(dict.fromkeys(int(t) for t in stops if t is not None)))
+def tokenizer_spec(tokenizer: TokenizerSpec) -> TokenizerSpec:
+    return tokenizer  # corral-tiny's, from tests/conftest.py
 
 
 # Two sandboxes keep the file fast on 2 cores: every kill costs a replacement worker that rebuilds its
@@ -406,13 +398,13 @@ def test_final_close_ends_compiles_in_flight_and_refuses_new_ones(
 def test_a_worker_orphaned_to_a_pid_1_server_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a container the server is PID 1: a worker whose zygote died becomes its child, and a zombie
     unless the server reaps it (os.kill finds zombies, so the worker would look alive for ever)."""
-    from samplers.sandbox import _Worker
+    from samplers.worker_handles import Worker
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30
     while alive(child.pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # exited, not reaped: a zombie
-    worker = _Worker.__new__(_Worker)
+    worker = Worker.__new__(Worker)
     worker._pid = child.pid
     assert worker._forked_alive(), "a zombie answers os.kill(pid, 0)"
     monkeypatch.setattr(os, "getpid", lambda: 1)

@@ -16,6 +16,7 @@ from conftest import RunningServer
 
 from grammars.spec import GrammarSpec
 from samplers import sandbox as sandbox_module
+from samplers import worker_handles
 from samplers.compilation import GrammarCache, GrammarRejected
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet
@@ -68,7 +69,7 @@ def test_a_worker_that_cannot_spawn_is_reported_not_retried_forever(
         attempts.append(1)
         raise OSError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(sandbox_module, "_Worker", no_process)
+    monkeypatch.setattr(worker_handles, "Worker", no_process)
     box = CompileSandbox(tokenizer, ["xgrammar"], workers=1)
     cache = GrammarCache(xgrammar_only, compile_timeout_s=30, sandbox=box)
     results: list[Any] = []

@@ -1,0 +1,146 @@
+"""What runs inside the compile zygote and the compile workers (the server's side is samplers/worker_handles.py).
+
+Both are spawned, never forked from the server (a threaded process can deadlock a forked child on a lock
+another thread held); only the zygote, which runs nothing but idle library threads, forks. Both get the
+tokenizer and the backends' descriptors pickled (`blob`), build every backend's tables once, cap their own
+address space (RLIMIT_AS, `memory_limit_mb` above what they hold once ready) so a compile that explodes
+in memory fails in the worker instead of waking the OOM killer on the host, and exit when their parent
+disappears."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import signal
+import threading
+import time
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+
+from grammars.spec import GrammarKind, GrammarSpec
+from samplers.pipe_protocol import FORKED, failed, ready, serve_compiles
+from samplers.protocol import BackendDescriptor, Codec, SamplerBackend, TokenizerSpec
+
+# Compiled in a forked child before the zygote says it is ready: forking must give a working worker.
+FORK_PROBES = (GrammarSpec(GrammarKind.REGEX, "[a-z]{1,4}"), GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type":"object"}'))
+FORK_PROBE_TIMEOUT_S = 60.0
+
+Backends = dict[str, SamplerBackend]
+
+
+def boot(blob: bytes) -> tuple[Backends, dict[str, Codec], dict[str, BackendDescriptor]]:
+    """Every backend in `blob` built over its tokenizer, with a codec each."""
+    tokenizer: TokenizerSpec
+    descriptors: dict[str, BackendDescriptor]
+    tokenizer, descriptors = pickle.loads(blob)
+    backends = {name: d.factory(tokenizer) for name, d in descriptors.items()}
+    codecs = {name: d.codec() for name, d in descriptors.items() if d.codec is not None}
+    return backends, codecs, descriptors
+
+
+def worker_main(conn: Connection, blob: bytes, memory_limit_mb: int | None) -> None:
+    """A spawned worker: build the tables, then compile on request."""
+    booted = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server; it stops us
+    exit_with_parent(os.getppid())
+    try:
+        backends, codecs, _ = boot(blob)
+    except BaseException as exc:
+        conn.send(failed(exc))
+        return
+    limit_memory(memory_limit_mb)
+    conn.send(ready(time.monotonic() - booted))
+    serve_compiles(conn, backends, codecs)
+
+
+def zygote_main(conn: Connection, blob: bytes, memory_limit_mb: int | None) -> None:
+    """Build the backends' tables once, then fork ready workers from them on request (~0.1 s each instead
+    of a ~5-8 s boot per worker). Every worker a compile bomb's deadline kills is replaced this way, so
+    refusing a flood of bombs costs their deadlines, not a table build each. The zygote never compiles
+    itself; it is single-threaded apart from idle library threads, and it proves a forked child can
+    compile (`FORK_PROBES`) before it reports ready, else the pool spawns workers as before."""
+    booted = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(os.getppid())
+    try:
+        backends, codecs, descriptors = boot(blob)
+        probe_fork(backends, descriptors)
+    except BaseException as exc:
+        conn.send(failed(exc))
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers (they are not the server's)
+    conn.send(ready(time.monotonic() - booted))
+    while True:
+        try:
+            request = conn.recv()
+            if request is None:
+                return
+            fd = reduction.recv_handle(conn)
+        except (EOFError, OSError):
+            return
+        pid = os.fork()
+        if pid == 0:  # the worker: serve on the pipe end the server sent
+            try:
+                conn.close()
+                worker_conn = Connection(fd)
+                exit_with_parent(os.getppid())
+                limit_memory(memory_limit_mb)
+                worker_conn.send(ready(0.0))
+                serve_compiles(worker_conn, backends, codecs)
+            finally:
+                os._exit(0)
+        os.close(fd)
+        conn.send((FORKED, pid))
+
+
+def probe_fork(backends: Backends, descriptors: dict[str, BackendDescriptor]) -> None:
+    """Raise unless a child forked now compiles, with every backend, each probe of a kind it takes,
+    within the timeout."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for name, backend in backends.items():
+                for spec in FORK_PROBES:
+                    if spec.kind in descriptors[name].traits.kinds:
+                        backend.compile(spec)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    deadline = time.monotonic() + FORK_PROBE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise RuntimeError("a forked compile worker could not compile the probe grammars")
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise RuntimeError(f"a forked compile worker did not compile the probe grammars in {FORK_PROBE_TIMEOUT_S:g} s")
+
+
+def exit_with_parent(parent: int) -> None:
+    """A SIGKILLed server leaves no orphan burning a core on a hostile compile."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="corral-parent-watch", daemon=True).start()
+
+
+def limit_memory(limit_mb: int | None) -> None:
+    if limit_mb is None:
+        return
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return  # not Linux: no cap
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = size_kb * 1024 + limit_mb * 2**20
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
