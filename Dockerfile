@@ -66,7 +66,7 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/cor
 # kernel caches (triton/torch on CUDA); compose and k8s mount a volume here.
 ENV PATH=/opt/corral/venv/bin:$PATH HOME=/home/corral \
     CORRAL_HOST=0.0.0.0 CORRAL_PORT=8000 CORRAL_CACHE_DIR=/var/cache/corral \
-    XDG_CACHE_HOME=/var/cache/corral/xdg MPLCONFIGDIR=/tmp/matplotlib
+    XDG_CACHE_HOME=/var/cache/corral/xdg
 WORKDIR /home/corral
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 CMD ["python3", "-c", \

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt -e '.[bench,dev]'
 	$(BIN)/pip install -c constraints.txt --no-deps instructor  # see the dev extra in pyproject.toml
 	touch $(STAMP)
 

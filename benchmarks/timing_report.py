@@ -1,15 +1,15 @@
 """What the micro-benchmarks (`bench sampler`, `bench projection`, `bench prefix`, `bench engine`) share: the
-calling thread's CPU time per call, the speed-up column, results.json and a bar chart of corral against its
-reference, one pair of bars per row."""
+calling thread's CPU time per call, the speed-up column, and their report: results.json and a bar chart of
+corral against its reference, one pair of bars per row."""
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import Bench, pyplot, save_figure
 
 
 def cpu_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -25,15 +25,16 @@ def speedup_of(reference_ms: float, corral_ms: float) -> float:
     return reference_ms / corral_ms if corral_ms > 0 else float("inf")
 
 
-def write_results(out: Path, config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    path.write_text(json.dumps({
-        "config": config,
-        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "results": list(rows),
-    }, indent=2))
-    return path
+def report_pairs(
+    bench: Bench, config: dict[str, Any], rows: Sequence[dict[str, Any]], labels: Sequence[str],
+    reference: Sequence[float], corral: Sequence[float], *, reference_label: str, corral_label: str, xlabel: str,
+) -> int:
+    """OUT/results.json, OUT/<command>.png (plot_pairs) and the line that names them; 0, the exit status."""
+    results = bench.write_results(config, rows)
+    plot_pairs(bench.plot_path, labels, reference, corral, reference_label=reference_label,
+               corral_label=corral_label, xlabel=xlabel)
+    bench.wrote(results, bench.plot_path)
+    return 0
 
 
 def plot_pairs(
@@ -41,12 +42,7 @@ def plot_pairs(
     reference_label: str, corral_label: str, xlabel: str,
 ) -> None:
     """Horizontal bars on a log axis: the reference hatched above corral, row by row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
+    fig, ax = pyplot().subplots(figsize=(10, 0.45 * len(labels) + 1.5))
     y = range(len(labels))
     ax.barh([i + 0.2 for i in y], list(reference), height=0.4, label=reference_label, hatch="//")
     ax.barh([i - 0.2 for i in y], list(corral), height=0.4, label=corral_label)
@@ -55,6 +51,4 @@ def plot_pairs(
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

@@ -5,11 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from benchmarks.harness import pyplot, save_figure
 from benchmarks.jsonschemabench.latency import LatencyHistogram
 from benchmarks.jsonschemabench.report import ALL
 
@@ -20,7 +16,7 @@ def coverage_bars(rows: list[dict[str, Any]], path: Path, metrics: list[tuple[st
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     series = [(b, key, label) for key, label in metrics for b in backends]
     width = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(subsets)), 4))
+    fig, ax = pyplot().subplots(figsize=(max(6, 1.6 * len(subsets)), 4))
     for i, (backend, key, label) in enumerate(series):
         values = []
         for subset in subsets:
@@ -33,15 +29,12 @@ def coverage_bars(rows: list[dict[str, Any]], path: Path, metrics: list[tuple[st
     ax.set_ylim(0, 105)
     ax.set_title("Coverage per subset")
     ax.legend(fontsize="small", loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def mask_latency_cdf(records: list[dict[str, Any]], backends: list[str], path: Path) -> Path:
     """CDF of per-token mask fill time per backend, over every teacher-forced valid instance."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for backend in backends:
         hist = LatencyHistogram()
         for r in records:
@@ -57,7 +50,4 @@ def mask_latency_cdf(records: list[dict[str, Any]], backends: list[str], path: P
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("Mask latency CDF (teacher-forced valid instances)")
     ax.legend(fontsize="small", loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

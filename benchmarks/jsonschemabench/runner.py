@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import platform
 import time
@@ -13,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import write_json
 from benchmarks.jsonschemabench import plots
 from benchmarks.jsonschemabench.dataset import SchemaCase, load_cases
 from benchmarks.jsonschemabench.generate import (
@@ -190,8 +190,7 @@ def write_report(config: BenchConfig, store: ResultStore, cases: list[SchemaCase
             files.append(plots.coverage_bars(rows, out / "coverage.png",
                                              [("declared_pct", "declared"), ("empirical_pct", "empirical")]))
     meta = _run_meta(config, wall_s)
-    results = out / "results.json"
-    results.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    results = write_json(out, {"meta": meta, "rows": rows})
     report = out / "report.md"
     report.write_text(_markdown(meta, tables), encoding="utf-8")
     return Report(tables, [report, results, *files])

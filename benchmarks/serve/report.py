@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from benchmarks.harness import pyplot, save_figure
 
 # (key in a run's metrics, column header, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -88,13 +84,6 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def write_json(results: dict[str, Any], out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    return path
-
-
 def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | None, path: Path,
                     peer_runs: Sequence[dict[str, Any]] = ()) -> Path:
     """Grouped bars: output tok/s per concurrency, one bar per mode (and per peer mode, hatched); the baseline
@@ -103,7 +92,7 @@ def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
     levels = sorted({int(r["concurrency"]) for r in runs})
     modes = list(dict.fromkeys(r["mode"] for r in runs))
     width = 0.8 / max(1, len(modes))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     # A peer's bars take the colour of corral's bars of the same mode, hatched.
     colours = {m: f"C{k}" for k, m in enumerate(dict.fromkeys(m.removeprefix(PEER_PREFIX) for m in modes))}
     for i, mode in enumerate(modes):
@@ -123,8 +112,4 @@ def throughput_plot(runs: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
     ax.set_ylabel("output tokens / s")
     ax.set_title("corral serving throughput" + (" vs the peer" if peer_runs else ""))
     ax.legend(fontsize="small", loc="upper left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -9,15 +9,15 @@ import platform
 import time
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from benchmarks.harness import ServerBenchConfig, write_json
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.client import Endpoint, make_client, run_level, send
 from benchmarks.serve.peer import resolve_peer_model
-from benchmarks.serve.report import throughput_plot, write_json
+from benchmarks.serve.report import throughput_plot
 from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, summarize_run
 from benchmarks.serve.workload import CONSTRAINT_FIELDS, candidate_cases
@@ -31,11 +31,7 @@ SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
-class ServeBenchConfig:
-    data: Path
-    out: Path
-    server: str | None = None
-    server_args: str = ""
+class ServeBenchConfig(ServerBenchConfig):
     schemas: int = 32
     concurrency: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 64
@@ -227,9 +223,8 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     if driven.peer is not None:
         ratios.update(peer_ratios(runs, driven.peer_runs))
     results: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out),
-                   "peer_api_key": "(set)" if config.peer_api_key else None},  # never the key itself
-        "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": server_command},
+        "config": {**config.as_dict(), "peer_api_key": "(set)" if config.peer_api_key else None},  # not the key
+        "server": config.server_notes(base_url, server_command),
         "schemas": {"requested": config.schemas, "used": [c.case_id for c in _timed_cases(driven)],
                     "refused": selection.refused, "errors": selection.errors},
         "notes": "Every schema was sent once before timing (compile cache warm), so timed runs exclude compile "
@@ -243,9 +238,9 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
         "machine": machine_notes(),
         "requests": [asdict(r) for r in driven.requests],
     }
-    results["files"] = [str(write_json(results, config.out)),
+    results["files"] = [str(write_json(config.out, results)),
                         str(throughput_plot(runs, baseline, config.out / "throughput.png", driven.peer_runs))]
-    write_json(results, config.out)
+    write_json(config.out, results)
     return results
 
 

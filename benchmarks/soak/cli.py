@@ -1,20 +1,18 @@
-"""`corral bench soak`: argument parsing, the server it starts (or --server), the table and results.json."""
+"""`corral bench soak`: argument parsing, the server it starts (or --server), the tables and results.json."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-DEFAULT_SERVER_ARGS = "--compile-timeout-s 3"
+from benchmarks.harness import SERVER_HELP, Bench, BenchExit, bench_command, exit_on, write_json
 
 
 def add_soak_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "soak",
+    with bench_command(
+        sub, "soak", run_soak_bench,
         help="many mixed requests at concurrency 16 with disconnects, cancels and compile bombs beside them",
         description="Warm-up, then a quiet phase of ordinary constrained requests (json_schema, choice, regex, "
         "grammar, tools; streamed and not), then the hostile phase: the same ordinary requests with client "
@@ -22,23 +20,17 @@ def add_soak_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "ordinary p50/p99 latency quiet vs under hostile load, the server's RSS and open fds after warm-up and "
         "at the end, and compile-worker restarts. Targets: 0 lost or 5xx, RSS growth < 5 %, hostile p99 < 2x "
         "quiet p99. Writes OUT/results.json; exits 1 when a target is missed.",
-    )
-    p.add_argument("--requests", type=int, default=1000, metavar="N",
-                   help="requests in the hostile phase (default 1000)")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
-    p.add_argument("--quiet-requests", type=int, default=None, metavar="N",
-                   help="ordinary requests in the quiet phase (default: a quarter of --requests, at least 32)")
-    p.add_argument("--max-tokens", type=int, default=48, help="max_tokens per request (default 48)")
-    p.add_argument("--server", default=None, metavar="URL",
-                   help="a running corral (default: start one as a subprocess and stop it at the end)")
-    p.add_argument("--server-pid", type=int, default=None, metavar="PID",
-                   help="with --server on this machine: its process id, for RSS and fds")
-    p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, metavar="ARGS",
-                   help=f"`corral serve` flags for the server it starts (default {DEFAULT_SERVER_ARGS!r})")
-    p.add_argument("--out", type=Path, default=Path("bench-out/soak"), metavar="DIR",
-                   help="results folder (default bench-out/soak)")
-    p.add_argument("--log-level", default="warning")
-    p.set_defaults(handler=run_soak_bench)
+        server=SERVER_HELP, server_args="`corral serve` flags for the server it starts",
+        server_args_default="--compile-timeout-s 3", out="bench-out/soak", log_level=True,
+    ) as p:
+        p.add_argument("--requests", type=int, default=1000, metavar="N",
+                       help="requests in the hostile phase (default 1000)")
+        p.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+        p.add_argument("--quiet-requests", type=int, default=None, metavar="N",
+                       help="ordinary requests in the quiet phase (default: a quarter of --requests, at least 32)")
+        p.add_argument("--max-tokens", type=int, default=48, help="max_tokens per request (default 48)")
+        p.add_argument("--server-pid", type=int, default=None, metavar="PID",
+                       help="with --server on this machine: its process id, for RSS and fds")
 
 
 @contextmanager
@@ -53,48 +45,28 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None, list[st
         yield server.url, server.pid, server.command
 
 
-def run_soak_bench(args: argparse.Namespace) -> int:
-    from benchmarks.serve.cli import RichProgress, bench_console
+def run_soak_bench(args: argparse.Namespace, bench: Bench) -> int:
     from benchmarks.soak.runner import SoakConfig, run_soak
 
-    console = bench_console(args.log_level, width=160)
     if args.requests < 1 or args.concurrency < 1:
-        console.print("[red]corral bench soak: --requests and --concurrency must be at least 1[/red]")
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        with _server(args) as (url, pid, command), RichProgress(console) as progress:
-            config = SoakConfig(url=url, requests=args.requests, concurrency=args.concurrency,
-                                quiet_requests=args.quiet_requests, max_tokens=args.max_tokens, pid=pid)
-            result = run_soak(config, on_phase=progress.phase,
-                              on_done=lambda o: progress.advance(f"{o.kind} {o.label}"))
-    except RuntimeError as exc:
-        console.print(f"[red]corral bench soak: {exc}[/red]")
-        return 1
+        raise BenchExit("--requests and --concurrency must be at least 1")
+    with exit_on(RuntimeError, 1), _server(args) as (url, pid, command), bench.progress() as progress:
+        config = SoakConfig(url=url, requests=args.requests, concurrency=args.concurrency,
+                            quiet_requests=args.quiet_requests, max_tokens=args.max_tokens, pid=pid)
+        result = run_soak(config, on_phase=progress.phase, on_done=lambda o: progress.advance(f"{o.kind} {o.label}"))
     summary = result.summary()
-    results = {"config": {"requests": args.requests, "concurrency": args.concurrency,
-                          "quiet_requests": config.quiet_count(), "max_tokens": args.max_tokens,
-                          "server": args.server or command}, "summary": summary}
-    path = args.out / "results.json"
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    _print_report(console, summary)
-    console.print(f"wall time {summary['wall_s']:.1f} s; wrote {path}")
+    path = write_json(args.out, {"config": {"requests": args.requests, "concurrency": args.concurrency,
+                                            "quiet_requests": config.quiet_count(), "max_tokens": args.max_tokens,
+                                            "server": args.server or command}, "summary": summary})
+    _print_report(bench, summary)
+    bench.wrote(path, wall_s=summary["wall_s"])
     return 0 if all(v is not False for v in summary["targets"].values()) and summary["healthy_after"] else 1
 
 
-def _print_report(console: Any, summary: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    outcomes = Table(title="corral bench soak: outcomes by phase/kind")
-    outcomes.add_column("phase/kind")
-    outcomes.add_column("outcomes")
-    for name, counts in summary["outcomes"].items():
-        outcomes.add_row(name, ", ".join(f"{label} {n}" for label, n in sorted(counts.items())))
-    console.print(outcomes)
-    figures = Table(title="figures")
-    figures.add_column("figure")
-    figures.add_column("value", justify="right")
-    figures.add_column("target", justify="right")
+def _print_report(bench: Bench, summary: dict[str, Any]) -> None:
+    bench.table("corral bench soak: outcomes by phase/kind", ["phase/kind", "outcomes"],
+                [[name, ", ".join(f"{label} {n}" for label, n in sorted(counts.items()))]
+                 for name, counts in summary["outcomes"].items()], left=("phase/kind", "outcomes"))
     targets = summary["targets"]
     start, end = summary["process"].get("after_warmup"), summary["process"].get("end")
     rows = [
@@ -110,11 +82,9 @@ def _print_report(console: Any, summary: dict[str, Any]) -> None:
         ("compile-worker restarts", str(summary["compile_worker_restarts"]), ""),
         ("healthy after", "yes" if summary["healthy_after"] else "NO", ""),
     ]
-    for row in rows:
-        figures.add_row(*row)
-    console.print(figures)
+    bench.table("figures", ["figure", "value", "target"], rows)
     for problem in summary["problems"]:
-        console.print(f"[red]{problem}[/red]")
+        bench.console.print(f"[red]{problem}[/red]")
 
 
 def _p(latency: dict[str, Any]) -> str:

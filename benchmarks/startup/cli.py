@@ -10,26 +10,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.timing_report import write_results
+from benchmarks.harness import Bench, BenchExit, bench_command, pyplot, save_figure
 
 
 def add_startup_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "startup",
+    with bench_command(
+        sub, "startup", run_startup,
         help="time to a healthy server, cold (conversion included) and warm, and its memory",
         description="Starts `corral serve --model MODEL` as a subprocess: once with an empty cache directory "
         "(a built-in or GGUF model is converted first; skipped with --no-cold), then --warm times with the "
         "cache that run filled (or $CORRAL_CACHE_DIR with --no-cold). Each run: seconds until /health answers, "
         "then one greedy request, then the process's resident memory (VmRSS) and its peak (VmHWM). Prints a "
         "table, writes OUT/results.json and OUT/startup.png.",
-    )
-    p.add_argument("--model", default="gemma-3-270m", help="what `--model` serves (default gemma-3-270m)")
-    p.add_argument("--server-args", default="", metavar="ARGS", help="extra `corral serve` flags")
-    p.add_argument("--warm", type=int, default=2, metavar="N", help="warm starts (default 2)")
-    p.add_argument("--no-cold", action="store_true", help="skip the cold start (use $CORRAL_CACHE_DIR)")
-    p.add_argument("--out", type=Path, default=Path("bench-out/startup"), metavar="DIR",
-                   help="results folder (default bench-out/startup)")
-    p.set_defaults(handler=run_startup)
+        server_args="extra `corral serve` flags", out="bench-out/startup", width=120,
+    ) as p:
+        p.add_argument("--model", default="gemma-3-270m", help="what `--model` serves (default gemma-3-270m)")
+        p.add_argument("--warm", type=int, default=2, metavar="N", help="warm starts (default 2)")
+        p.add_argument("--no-cold", action="store_true", help="skip the cold start (use $CORRAL_CACHE_DIR)")
 
 
 def _memory_mb(pid: int) -> dict[str, float]:
@@ -57,14 +54,9 @@ def _one_start(model: str, server_args: str, log_path: Path) -> dict[str, Any]:
             "peak_rss_mib": round(memory.get("VmHWM", 0.0)), "text": answer["choices"][0]["text"]}
 
 
-def run_startup(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=120)
+def run_startup(args: argparse.Namespace, bench: Bench) -> int:
     if args.warm < 0 or (args.no_cold and args.warm == 0):
-        console.print("[red]corral bench startup: nothing to run (--warm must be >= 0, >= 1 with --no-cold)[/red]")
-        return 2
+        raise BenchExit("nothing to run (--warm must be >= 0, >= 1 with --no-cold)")
     rows: list[dict[str, Any]] = []
     previous = os.environ.get("CORRAL_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="corral-startup-") as empty:
@@ -72,7 +64,7 @@ def run_startup(args: argparse.Namespace) -> int:
             if not args.no_cold:
                 os.environ["CORRAL_CACHE_DIR"] = empty  # the server process inherits it
             for run in ([] if args.no_cold else ["cold"]) + [f"warm {i + 1}" for i in range(args.warm)]:
-                console.print(f"{run} start of {args.model} ...")
+                bench.console.print(f"{run} start of {args.model} ...")
                 row = {"run": run, "model": args.model, **_one_start(args.model, args.server_args,
                                                                     args.out / f"server-{run.replace(' ', '')}.log")}
                 rows.append(row)
@@ -81,26 +73,18 @@ def run_startup(args: argparse.Namespace) -> int:
                 os.environ.pop("CORRAL_CACHE_DIR", None)
             else:
                 os.environ["CORRAL_CACHE_DIR"] = previous
-    table = Table(title=f"corral serve --model {args.model}: time to healthy and memory")
-    for column in ("run", "healthy (s)", "RSS (MiB)", "peak RSS (MiB)", "first answer"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row["run"], f"{row['healthy_s']:.1f}", str(row["rss_mib"]), str(row["peak_rss_mib"]),
-                      repr(row["text"][:40]))
-    console.print(table)
-    path = write_results(args.out, {"model": args.model, "server_args": args.server_args}, rows)
-    _plot(args.out / "startup.png", rows, args.model)
-    console.print(f"wrote {path} and {args.out / 'startup.png'}")
+    bench.table(f"corral serve --model {args.model}: time to healthy and memory",
+                ["run", "healthy (s)", "RSS (MiB)", "peak RSS (MiB)", "first answer"],
+                [[row["run"], f"{row['healthy_s']:.1f}", str(row["rss_mib"]), str(row["peak_rss_mib"]),
+                  repr(row["text"][:40])] for row in rows], left=("run", "first answer"))
+    path = bench.write_results({"model": args.model, "server_args": args.server_args}, rows)
+    _plot(bench.plot_path, rows, args.model)
+    bench.wrote(path, bench.plot_path)
     return 0
 
 
 def _plot(path: Path, rows: list[dict[str, Any]], model: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(9, 3.5))
     labels = [r["run"] for r in rows]
     left.bar(labels, [r["healthy_s"] for r in rows], color="#4c72b0")
     left.set_ylabel("seconds to /health")
@@ -109,6 +93,4 @@ def _plot(path: Path, rows: list[dict[str, Any]], model: str) -> None:
     right.set_ylabel("MiB")
     right.legend()
     fig.suptitle(f"corral serve --model {model}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)

@@ -6,11 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import pyplot, save_figure
 from benchmarks.jsonschemabench.dataset import SchemaCase
-from benchmarks.serve.report import write_json
 from benchmarks.tools.judge import ToolResult
-
-__all__ = ["OUTCOMES", "outcome_plot", "per_subset", "summary_rows", "write_json"]
 
 # Per subset, every tried schema lands in exactly one of these (the PNG's stacked bars).
 OUTCOMES = ("all calls valid", "an invalid call", "no call", "refused (400)", "error")
@@ -61,13 +59,8 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def outcome_plot(counts: dict[str, dict[str, int]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     subsets = list(counts)
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = pyplot().subplots(figsize=(8, 4))
     bottom = [0] * len(subsets)
     for name in OUTCOMES:
         values = [counts[s][name] for s in subsets]
@@ -78,9 +71,5 @@ def outcome_plot(counts: dict[str, dict[str, int]], path: Path) -> Path:
     ax.set_title("tool calls per JSONSchemaBench subset")
     ax.tick_params(axis="x", labelrotation=30, labelsize="small")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 

@@ -12,13 +12,14 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness import ServerBenchConfig, write_json
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.client import make_client, post_chat
 from benchmarks.serve.runner import Progress, Silent, machine_notes
 from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.workload import candidate_cases
 from benchmarks.tools.judge import ToolResult, judge_answer, summarize
-from benchmarks.tools.report import outcome_plot, per_subset, write_json
+from benchmarks.tools.report import outcome_plot, per_subset
 from benchmarks.tools.workload import TOOL_CHOICES, tools_request
 
 PROBE_SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
@@ -30,11 +31,7 @@ class ToolsUnsupported(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ToolsBenchConfig:
-    data: Path
-    out: Path
-    server: str | None = None
-    server_args: str = ""
+class ToolsBenchConfig(ServerBenchConfig):
     schemas: int = 200
     concurrency: int = 4
     max_tokens: int = 256
@@ -119,9 +116,8 @@ def run_tools_bench(config: ToolsBenchConfig, progress: Progress | None = None) 
         results = asyncio.run(drive(config, base_url, cases, progress))
     summary = summarize(results)
     report: dict[str, Any] = {
-        "config": {**asdict(config), "data": str(config.data), "out": str(config.out),
-                   "api_key": "(set)" if config.api_key else None},  # never the key itself
-        "server": {"url": base_url, "started_by_benchmark": config.server is None, "command": server_command},
+        "config": {**config.as_dict(), "api_key": "(set)" if config.api_key else None},  # never the key itself
+        "server": config.server_notes(base_url, server_command),
         "notes": "Each schema is the `parameters` of one function; tool_choice as configured. Every returned "
                  "call's `arguments` string is validated here with the full validator (Draft 2020-12 + "
                  "formats), not taken from the server. compliance = valid calls ÷ returned calls.",
@@ -131,7 +127,7 @@ def run_tools_bench(config: ToolsBenchConfig, progress: Progress | None = None) 
         "machine": machine_notes(),
         "results": [asdict(r) for r in results],
     }
-    report["files"] = [str(write_json(report, config.out)), str(outcome_plot(report["per_subset"],
-                                                                            config.out / "tool_calls.png"))]
-    write_json(report, config.out)
+    report["files"] = [str(write_json(config.out, report)),
+                       str(outcome_plot(report["per_subset"], config.out / "tool_calls.png"))]
+    write_json(config.out, report)
     return report
