@@ -50,7 +50,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not service.ready or not service.healthy or not service.loop.alive:
+        if not service.ready or not service.watchdog.healthy or not service.loop.alive:
             return JSONResponse({"status": "unavailable"}, 503)
         return JSONResponse(
             {

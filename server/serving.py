@@ -7,9 +7,6 @@ import contextvars
 import functools
 import itertools
 import logging
-import os
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +20,11 @@ from grammars.features import route
 from grammars.request import AUTO, ConstraintRequest
 from grammars.spec import GrammarSpec
 from grammars.validation import OutputCheck
-from samplers.compilation import CompileResult, GrammarCache, GrammarRejected
+from samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
 from samplers.watchdog import Trip, WatchdogLimits
-from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence
+from server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence, StepWatchdog
 from server.errors import ApiError, bad_request
 from server.metrics import Metrics
 from server.models import LoadedModel
@@ -77,14 +74,7 @@ class Service:
         self.model_name = settings.served_model_name or loaded.name
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
-        self.grammars = GrammarCache(
-            self.backends,
-            compile_timeout_s=settings.compile_timeout_s,
-            isolate=settings.compile_isolate,
-            workers=settings.compile_workers,
-            memory_limit_mb=settings.compile_memory_limit_mb,
-            timeout_retry_s=settings.compile_timeout_retry_s,
-        )
+        self.grammars = GrammarCache.from_options(self.backends, settings.group(CompileOptions))
         limits = settings.group(WatchdogLimits)
         config = settings.group(EngineConfig, revision_token_id=loaded.revision_token_id, limits=limits)
         self.engine = Engine(loaded, config)
@@ -99,10 +89,13 @@ class Service:
         self.metrics = Metrics()
         self.engine.on_trip = lambda kind: self.metrics.trips.labels(kind).inc()
         self.engine.runner.prefix.on_lookup = self.metrics.prefix_lookup
-        self.healthy = True
-        self.exit_process: Callable[[int], None] = os._exit  # replaced in tests
-        self._watchdog = threading.Thread(target=self._watch_steps, name="corral-step-watchdog", daemon=True)
-        self._stopping = threading.Event()
+        self.watchdog = StepWatchdog(
+            self.engine,
+            self.loop,
+            settings.hung_step_timeout_s,
+            exit_on_hang=settings.exit_on_hung_step,
+            on_trip=lambda: self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc(),
+        )
         scheduler = self.engine.scheduler
         self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
 
@@ -110,12 +103,12 @@ class Service:
         # Tokenizer tables (parent and compile workers) are built once, at start, not on a first request.
         self.grammars.warm_up()
         self.loop.start()
-        self._watchdog.start()
+        self.watchdog.start()
         self.ready = True
 
     def stop(self) -> None:
         self.ready = False
-        self._stopping.set()
+        self.watchdog.stop()
         self.loop.stop()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
@@ -129,31 +122,11 @@ class Service:
         context = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, context.run, call)
 
-    def _watch_steps(self) -> None:
-        """Hung-step watchdog. A step that overruns its deadline cannot be interrupted (it is inside
-        the model or an engine), so corral fails every in-flight request with an error response,
-        reports unhealthy, and exits so a supervisor (docker `restart:`, systemd, k8s) restarts it."""
-        deadline = self.settings.hung_step_timeout_s
-        while not self._stopping.wait(min(0.25, deadline / 4)):
-            started = self.loop.step_started
-            if started is None or time.monotonic() - started <= deadline:
-                continue
-            log.error("engine step has run for more than %.1f s: failing in-flight requests", deadline)
-            self.healthy = False
-            self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc()
-            # This thread must not touch the scheduler the stuck step may still use: answer, don't finish.
-            self.engine.abandon_all(f"an engine step ran longer than {deadline:g} s", reason=str(Trip.HUNG_STEP))
-            if self.settings.exit_on_hung_step:
-                time.sleep(1.0)  # let the error responses reach their clients
-                log.error("exiting with status 70 so a supervisor restarts the server")
-                self.exit_process(70)
-            return
-
     # -- request preparation -----------------------------------------------------------------------
     def admit(self, model: str | None, prompt_len: int, *, prompt_param: str) -> None:
         """The checks every request passes before any work on it: the server is up, the model is this one,
         and the prompt leaves room for at least one token."""
-        if not self.ready or not self.healthy:
+        if not self.ready or not self.watchdog.healthy:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
         if model is not None and model not in (self.model_name, "default"):
             raise ApiError(

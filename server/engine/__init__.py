@@ -4,5 +4,6 @@ from server.engine.engine import Engine, EngineConfig
 from server.engine.loop import EngineLoop
 from server.engine.sampling import SamplingParams
 from server.engine.sequence import SeqOutput, Sequence
+from server.engine.step_watchdog import StepWatchdog
 
-__all__ = ["Engine", "EngineConfig", "EngineLoop", "SamplingParams", "SeqOutput", "Sequence"]
+__all__ = ["Engine", "EngineConfig", "EngineLoop", "SamplingParams", "SeqOutput", "Sequence", "StepWatchdog"]

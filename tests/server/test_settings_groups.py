@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from grammars.limits import InputLimits
+from samplers.compilation import CompileOptions, GrammarCache
 from samplers.watchdog import WatchdogLimits
 from server.engine import EngineConfig
 from server.models import ModelOptions
 from server.settings import GROUPS, Settings
 
-OPTIONS: list[type[Any]] = [ModelOptions, EngineConfig, WatchdogLimits, InputLimits]
+OPTIONS: list[type[Any]] = [ModelOptions, EngineConfig, WatchdogLimits, CompileOptions, InputLimits]
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:
@@ -39,6 +40,14 @@ def test_a_changed_setting_reaches_its_component() -> None:
     assert config.max_batch == 3 and config.limits.stall_repeat_tokens == 9
     assert settings.input_limits().max_tools == 2
     assert settings.group(ModelOptions).model_impl == "transformers"
+
+
+def test_compile_settings_reach_the_grammar_cache(tokenizer: Any) -> None:
+    from samplers.registry import BackendSet
+
+    settings = Settings(compile_timeout_s=3.5, compile_isolate=False, compile_timeout_retry_s=42.0)
+    cache = GrammarCache.from_options(BackendSet(tokenizer), settings.group(CompileOptions))
+    assert (cache.compile_timeout_s, cache.timeout_retry_s, cache.sandbox) == (3.5, 42.0, None)
 
 
 def test_serve_help_lists_settings_by_group() -> None:
