@@ -68,6 +68,12 @@ class Metrics:
         self.limit_refusals = Counter(
             "corral_limit_refusals_total", "Requests refused by a request limit", ["limit"], registry=r
         )
+        self.closed = Counter(
+            "corral_closed_answers_total",
+            "Structured answers closed early with the grammar's shortest completion, by why",
+            ["why"],
+            registry=r,
+        )
         self.trips = Counter(
             "corral_watchdog_trips_total", "Watchdog trips by kind (see README: finish_reason)", ["kind"], registry=r
         )

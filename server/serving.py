@@ -34,6 +34,7 @@ from server.settings import Settings
 log = logging.getLogger(__name__)
 
 INVALID_OUTPUT = "invalid_output"
+CLOSED = "closed"  # the engine closed a structured answer early (server/engine/answer_closing.py)
 # Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
 # schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
 # threads, and one huge request leaves the others free.
@@ -254,6 +255,7 @@ class Service:
             matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
             backend=backend,
             streaming=deltas,
+            closable=self._closable(prepared),
         )
         seq.stats.arrival = prepared.received
         self.in_flight += 1
@@ -271,6 +273,11 @@ class Service:
             if not finished:  # the consumer went away (client disconnect): free the slot now
                 self.loop.abort(seq.request_id)
                 self.metrics.requests.labels("abort").inc()
+
+    def _closable(self, prepared: Prepared) -> bool:
+        """JSON Schema and tool-call answers close early unless the request or the server says not to."""
+        spec, asked = prepared.constraint.spec, prepared.params.close_answers
+        return spec is not None and spec.embeds_schema and (self.settings.close_answers if asked is None else asked)
 
     async def run(self, prepared: Prepared) -> Finished:
         """Generate to the end. With `auto`, the contract guard keeps an answer from ending outside the
@@ -312,7 +319,7 @@ class Service:
         spec = prepared.constraint.spec
         check = self.check_output(spec, seq.text, out.finish_reason) if spec is not None else None
         reason = out.finish_reason or "stop"
-        if reason == "stop" and check is not None and not check.valid:
+        if reason in ("stop", CLOSED) and check is not None and not check.valid:
             reason = INVALID_OUTPUT  # the grammar finished but the full contract does not hold
         if reason == "stop" and has_tool_calls(check):
             reason = "tool_calls"
@@ -341,11 +348,13 @@ class Service:
             for us in stats.mask_us:
                 mask.observe(us / 1e6)
         m.forced.inc(stats.forced_tokens)
+        if seq.closer is not None and seq.closer.closed is not None:
+            m.closed.labels(str(seq.closer.closed)).inc()
         m.generated.inc(len(seq.output_ids))
 
     @staticmethod
     def check_output(spec: GrammarSpec, text: str, finish_reason: str | None) -> OutputCheck:
-        if finish_reason != "stop":
+        if finish_reason not in ("stop", CLOSED):
             return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed")
         return validate_output(spec, text)
 

@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "prefix_cache",
         "jump_forward",
         "max_revisions",
+        "close_answers",
     ),
     "compile": (
         "backends",
@@ -114,6 +115,11 @@ class Settings(BaseSettings):
     )
     jump_forward: bool = Field(True, description="append grammar-forced tokens without sampling")
     max_revisions: int = Field(4, ge=0, description="revisions (revision token + dead-end backtracking) per request")
+    close_answers: bool = Field(
+        True,
+        description="end a JSON Schema or tool-call answer with its shortest valid completion when max_tokens or "
+        "the context would cut it, or the model runs away (a request's close_answers overrides)",
+    )
     stall_whitespace_tokens: int = Field(
         64, ge=0, description="whitespace-only tokens in a row that end a request; 0: off"
     )

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from samplers.closing import ClosingVocabulary
+from samplers.protocol import TokenizerSpec
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated
+from server.engine.grammar_tokens import GrammarTokens
 from server.engine.logprobs import TokenLogprob
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.output_stage import OutputStage
@@ -61,6 +64,8 @@ class Engine:
         stop_ids = torch.tensor(sorted(self.stop_ids), device=loaded.device)
         self.structured = StructuredOutput(config.max_batch, loaded.vocab_size, self.revise_id, stop_ids)
         self.output = OutputStage(loaded.tokenizer)
+        spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
+        self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
         self.on_trip: Callable[[str], None] = lambda kind: None
         # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
         # (another thread) may both end the same sequence; the first one answers.
@@ -174,6 +179,7 @@ class Engine:
         seq.mask_budget = MaskBudget(self.config.limits)
         # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
         seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self.output.is_whitespace)
+        seq.closer = self.grammar_tokens.closer_for(seq)
         self.scheduler.add(seq)
 
     def _reap_answered(self) -> None:
@@ -199,7 +205,7 @@ class Engine:
             seq.error = matcher.error or f"the grammar rejected token {token}"
             self._finish(seq, "error")
             return
-        appended = [token, *self._forced_after(seq)]
+        appended = [token, *self.grammar_tokens.forced_after(seq)]
         if logprob is not None:  # forced tokens were the only ones allowed: probability 1
             seq.logprobs += [logprob, *(TokenLogprob.forced(t, seq.params.top_logprobs) for t in appended[1:])]
         seq.output_ids.extend(appended)
@@ -209,7 +215,10 @@ class Engine:
         # Only the model's own choices can make a loop: jump-forward tokens, and a sampled token every
         # allowed alternative agreed with, were the grammar's.
         chosen = [not dictated(token, narrow, self.output.token_text), *([False] * (len(appended) - 1))]
-        if seq.stall is not None and seq.stall.observe(appended, chosen):
+        stalled = seq.stall is not None and seq.stall.observe(appended, chosen)
+        if self._close(seq, chosen, stalled):
+            return
+        if stalled:
             self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
             return
         # Decoding every step is only needed to stream deltas or to look for stop strings.
@@ -219,19 +228,14 @@ class Engine:
         elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_cached + len(seq.pending) >= self.max_len:
             self._finish(seq, "length")
 
-    def _forced_after(self, seq: Sequence) -> list[int]:
-        """Jump-forward: the tokens the grammar dictates next, accepted into the matcher (within max_tokens)."""
-        matcher = seq.matcher
-        if matcher is None or not self.config.jump_forward or matcher.is_terminated():
-            return []
-        room = seq.params.max_tokens - len(seq.output_ids) - 1
-        forced: list[int] = []
-        for token in matcher.forced_tokens()[:room]:
-            if token in self.stop_ids or not matcher.accept_token(token):
-                break
-            forced.append(token)
-        seq.stats.forced_tokens += len(forced)
-        return forced
+    def _close(self, seq: Sequence, chosen: list[bool], stalled: bool) -> bool:
+        """Close a structured answer early (server/engine/answer_closing.py): the budget is about to cut it,
+        or the model runs away (`stalled`, or a runaway value)."""
+        room = min(seq.params.max_tokens - len(seq.output_ids), self.max_len - seq.num_cached - len(seq.pending))
+        closed = self.grammar_tokens.close(seq, room, self.output, chosen, stalled=stalled)
+        if closed:
+            self._finish(seq, "closed")
+        return closed
 
     def _revise(self, seq: Sequence, trip_if_unable: Trip) -> None:
         """Take back the last step (matcher, output, KV) and ban its choice at that position.

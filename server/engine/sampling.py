@@ -36,6 +36,7 @@ class SamplingParams:
     top_logprobs: int = 0  # with `logprobs`: this many most likely alternatives per position
     ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens; stall detection is off
     max_revisions: int | None = None  # None: the engine's default depth limit
+    close_answers: bool | None = None  # None: the server's --close-answers (server/engine/answer_closing.py)
 
     @property
     def greedy(self) -> bool:

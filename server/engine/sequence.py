@@ -12,6 +12,7 @@ import torch
 from samplers.protocol import Matcher, SamplerBackend
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector
+from server.engine.answer_closing import AnswerCloser
 from server.engine.logprobs import TokenLogprob
 from server.engine.sampling import SamplingParams
 
@@ -33,6 +34,7 @@ class SeqStats:
     mask_us: list[float] = field(default_factory=list)
     forward_ms: list[float] = field(default_factory=list)
     forced_tokens: int = 0
+    closing_tokens: int = 0  # the grammar's completion that closed the answer early, if it was
     sampled_tokens: int = 0
 
 
@@ -79,6 +81,8 @@ class Sequence:
     stall: StallDetector | None = None
     mask_budget: MaskBudget | None = None
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
+    closable: bool = False  # a structured answer the engine may close early (server/engine/answer_closing.py)
+    closer: AnswerCloser | None = None  # set at admission for a closable sequence
     # The final output went to the sink (set under Engine's answer lock: the engine thread and the hung-step
     # watchdog may both try to end it; only the first answers).
     answered: bool = False

@@ -44,6 +44,7 @@ def response_extras(done: Finished) -> dict[str, Any]:
             "forced_tokens": stats.forced_tokens,
             "revisions": seq.revision.revisions,
             "watchdog": seq.trip,
+            "closed": seq.closer.closed if seq.closer is not None else None,
             "failure": None if (check and check.valid) else failure_class(seq),
             "fallback_from": done.fallback_from,
         }

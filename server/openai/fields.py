@@ -146,6 +146,13 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("guided_whitespace_pattern", VLLM, R, "a custom JSON whitespace pattern is not implemented"),
     # -- corral -----------------------------------------------------------------------------------------------
     FieldRule("max_revisions", CORRAL, H, "revision depth limit for this request"),
+    FieldRule(
+        "close_answers",
+        CORRAL,
+        H,
+        "false: a JSON Schema or tool-call answer the budget cuts is not closed early (default: the server's "
+        "`--close-answers`, on)",
+    ),
 )
 
 # Content part types of a chat message corral can read; the model is text-only.

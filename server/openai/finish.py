@@ -22,6 +22,7 @@ class FinishReason(StrEnum):
 
     STOP = "stop"  # a stop token, a stop string, or the grammar completed; the output is valid
     LENGTH = "length"  # max_tokens or the context ran out first
+    CLOSED = "closed"  # closed early with the grammar's shortest completion (budget or runaway); the output is valid
     TOOL_CALLS = "tool_calls"  # the answer is a (valid) tool call
     INVALID_OUTPUT = "invalid_output"  # the grammar completed, but the full contract does not hold
     ERROR = "error"  # the engine or grammar engine failed this request
@@ -40,6 +41,7 @@ _OPENAI: dict[FinishReason, str] = {
     FinishReason.STOP: "stop",
     FinishReason.TOOL_CALLS: "tool_calls",
     FinishReason.LENGTH: "length",
+    FinishReason.CLOSED: "length",  # honest about the budget: the model did not finish the answer itself
     FinishReason.STALL: "length",
     FinishReason.MASK_TIMEOUT: "length",
     FinishReason.REVISION_DEPTH_EXCEEDED: "length",

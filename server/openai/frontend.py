@@ -107,6 +107,7 @@ class OpenAIFrontend:
             top_logprobs=top_logprobs,
             ignore_eos=req.ignore_eos,
             max_revisions=req.max_revisions,
+            close_answers=req.close_answers,
         )
 
     def _logit_bias(self, given: dict[str, float] | None) -> dict[int, float]:

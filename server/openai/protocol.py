@@ -51,6 +51,7 @@ class _Request(ConstraintFields):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
+    close_answers: bool | None = Field(None, description="close a structured answer the budget would cut")
 
     @model_validator(mode="before")
     @classmethod

@@ -1,5 +1,6 @@
 """Issue 2's floor: on schemas sampled from JSONSchemaBench, every answer that ends with finish_reason
-"stop" validates against the full schema (Draft 2020-12 + format checker), with backend=auto.
+"stop" (or is closed early, "closed") validates against the full schema (Draft 2020-12 + format checker), with
+backend=auto; and with a budget far too small, the answers it cuts close validly.
 
 Uses ../shared/jsonschemabench when present (CORRAL_BENCH_SCHEMAS schemas, default 49, spread evenly over
 the dev subsets; the closing note's 203-schema run sets it to 203), else the committed sample under tests/data."""
@@ -47,8 +48,8 @@ def _schemas() -> list[tuple[str, Any]]:
     return sample_schemas(SAMPLE_BENCH, 10_000)
 
 
-@pytest.mark.timeout(1500)
-def test_finished_answers_validate_against_full_schema(server: RunningServer) -> None:
+def _generate(server: RunningServer, max_tokens: int) -> list[dict[str, Any]]:
+    """One answer per sampled schema (auto), as the service gives it."""
     from server.errors import ApiError
     from server.openai.frontend import OpenAIFrontend
     from server.openai.protocol import ChatCompletionRequest
@@ -62,7 +63,7 @@ def test_finished_answers_validate_against_full_schema(server: RunningServer) ->
         req = ChatCompletionRequest(
             messages=[{"role": "user", "content": f"Give an instance of {name}"}],
             structured_outputs={"json": schema, "backend": "auto"},
-            max_tokens=256,
+            max_tokens=max_tokens,
             seed=7,
         )
         try:
@@ -93,14 +94,19 @@ def test_finished_answers_validate_against_full_schema(server: RunningServer) ->
         return await asyncio.gather(*(bounded(n, s) for n, s in schemas))
 
     # Service is loop-agnostic (each request binds its own loop), so a private loop here is fine.
-    results = asyncio.run(all_of_them())
-    stopped = [r for r in results if r.get("finish") == "stop"]
-    invalid = [(r["name"], r["check"].error, r["text"][:200]) for r in stopped if not r["check"].valid]
+    return asyncio.run(all_of_them())
+
+
+@pytest.mark.timeout(1500)
+def test_finished_answers_validate_against_full_schema(server: RunningServer) -> None:
+    results = _generate(server, 256)
+    ended = [r for r in results if r.get("finish") in ("stop", "closed")]  # closed: ended early, still valid
+    invalid = [(r["name"], r["check"].error, r["text"][:200]) for r in ended if not r["check"].valid]
     assert not invalid, invalid
     compiled = [r for r in results if r["compiled"]]
     refusals = [(r["name"], r["refusal"]) for r in results if not r["compiled"]]
     assert len(compiled) >= 0.8 * len(results), f"only {len(compiled)}/{len(results)} compiled: {refusals}"
-    assert len(stopped) >= 0.5 * len(compiled), f"only {len(stopped)}/{len(compiled)} answers finished"
+    assert len(ended) >= 0.5 * len(compiled), f"only {len(ended)}/{len(compiled)} answers finished"
     by_backend: dict[str, int] = {}
     for r in compiled:
         by_backend[r["first_backend"]] = by_backend.get(r["first_backend"], 0) + 1
@@ -110,3 +116,19 @@ def test_finished_answers_validate_against_full_schema(server: RunningServer) ->
         f"\nschemas={len(results)} compiled={len(compiled)} first_backend={by_backend} "
         f"finish={finishes} fallbacks={fallbacks}"
     )
+
+
+@pytest.mark.timeout(1500)
+def test_answers_cut_by_a_small_budget_close_validly(server: RunningServer) -> None:
+    """With max_tokens far below what the model would write, every answer that closed is valid, and a good share
+    of the cut answers closed. The rest either needed more than the budget to close at all (a schema with many
+    required properties) or had no completion the search found (a string with a format such as `uri` midway,
+    or optional properties it chose before the required ones): measured on the 48-schema sample, 10 of 20."""
+    results = [r for r in _generate(server, 24) if r["compiled"]]
+    closed = [r for r in results if r["finish"] == "closed"]
+    invalid = [(r["name"], r["check"].error, r["text"][:200]) for r in closed if not r["check"].valid]
+    assert not invalid, invalid
+    cut = [r for r in results if r["finish"] in ("closed", "length")]
+    finishes = {f: sum(1 for r in results if r["finish"] == f) for f in {r["finish"] for r in results}}
+    print(f"\nmax_tokens=24: schemas={len(results)} finish={finishes}")
+    assert len(closed) >= 0.4 * len(cut), finishes

@@ -75,15 +75,25 @@ def test_repetitive_valid_answers_finish_stop(
     jsonschema.validate(json.loads(choice.message.content), schema)
 
 
-def test_a_real_loop_under_a_grammar_is_still_a_stall(server: RunningServer, client: openai.OpenAI) -> None:
-    """The same array without a size: the model choosing `,` over `]` forever is its own loop."""
+@pytest.mark.parametrize("close_answers", [True, False])
+def test_a_real_loop_under_a_grammar_is_still_caught(
+    server: RunningServer, client: openai.OpenAI, close_answers: bool
+) -> None:
+    """The same array without a size: the model choosing `,` over `]` forever is its own loop. A JSON answer is
+    closed as a runaway (valid, the array ended); with closing off, the watchdog's stall ends it."""
     service: Any = server.service
     comma = service.loaded.tokenizer.encode(",", add_special_tokens=False)[0]
-    resp = _ask(client, _literal_list(None), seed=0, logit_bias={str(comma): 100})
+    schema = _literal_list(None)
+    resp = _ask(client, schema, seed=0, logit_bias={str(comma): 100}, extra_body={"close_answers": close_answers})
     choice = resp.choices[0]
-    assert (choice.model_extra or {})["corral_finish_reason"] == "stall"
-    assert resp.model_extra["grammar"]["watchdog"] == "stall"
     assert resp.usage.completion_tokens < 1500  # cut short, not run to the budget
+    if close_answers:
+        assert (choice.model_extra or {})["corral_finish_reason"] == "closed"
+        assert resp.model_extra["grammar"]["closed"] == "runaway"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    else:
+        assert (choice.model_extra or {})["corral_finish_reason"] == "stall"
+        assert resp.model_extra["grammar"]["watchdog"] == "stall"
 
 
 # -- the pieces, below the server ------------------------------------------------------------------------------

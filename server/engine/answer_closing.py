@@ -1,0 +1,117 @@
+"""Answers that close: when a structured answer's token budget runs low, or the model runs away, the engine
+ends it with the shortest completion the grammar allows (samplers/closing.py) instead of cutting it mid-value.
+
+When to look: a search costs a few mask fills (~1-5 ms), so it runs only once the room left (max_tokens or
+the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that found a
+completion of n tokens, again once the room is within 2n + `MARGIN` (every step near the end). It closes
+when the completion would leave less than `MARGIN` tokens: one more step appends a token plus any the grammar
+forces, and may open a nested value that needs more to close. If a step still leaves no completion that fits
+(it opened an object with required properties, say), the engine takes that step back and closes from where
+the last completion was found, which still fits: that room was larger by the tokens the step added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+
+from samplers.closing import ClosingVocabulary, shortest_completion
+from samplers.protocol import Matcher
+
+FIRST_CHECK = 48  # room (tokens) at which the first search runs
+# A runaway: the output ends with a block of tokens repeated back to back, at least RUNAWAY_REPEATS times and
+# over at least RUNAWAY_SPAN tokens (so [0, 0, 0] is an answer, twelve zeros in a row are not), blocks up to
+# RUNAWAY_PERIOD tokens long (whole array items); or a number longer than RUNAWAY_DIGITS digits (past int64
+# and a double's precision).
+RUNAWAY_REPEATS = 3
+RUNAWAY_SPAN = 24
+RUNAWAY_PERIOD = 96
+RUNAWAY_DIGITS = 20
+# A repeated block at least this long is a whole item: the repeats are taken back, the first kept.
+ITEM_PERIOD = 8
+MARGIN = 4  # tokens one more step may take beyond the completion found
+RETRY_EVERY = 4  # after a search that found nothing, steps until the next
+
+
+class ClosedBecause(StrEnum):
+    BUDGET = "budget"  # max_tokens or the context was about to end the answer
+    RUNAWAY = "runaway"  # the model repeated itself or grew a value without end
+
+
+class AnswerCloser:
+    """One sequence's closing state: when to search next, and the last completion found (and at what output
+    length), which the engine falls back to when a later step leaves nothing that fits."""
+
+    def __init__(self, vocab: ClosingVocabulary) -> None:
+        self.vocab = vocab
+        self.next_check = FIRST_CHECK
+        self.closed: ClosedBecause | None = None
+        self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
+        self.chosen: list[bool] = []  # per output token: the model chose it (False: the grammar dictated it)
+
+    def record(self, output_len: int, chosen: list[bool]) -> None:
+        """The flags of the tokens just appended (a revision may have taken back the tail since)."""
+        del self.chosen[output_len - len(chosen) :]
+        self.chosen.extend(chosen)
+
+    def runaway_period(self, tokens: list[int], text: Callable[[int], str]) -> int:
+        """`repeated_block`, counting only blocks the model chose something in (a block the grammar dictated
+        throughout, thirty items of a one-value enum that must have thirty, is the schema's doing) and that do
+        not close anything (thirty `}` in a row end thirty nested objects: progress, not a loop)."""
+        period = repeated_block(tokens)
+        if not period or not any(self.chosen[-period:]):
+            return 0
+        closing_only = all(not c.strip() or c in "}]" for t in tokens[-period:] for c in text(t))
+        return 0 if closing_only else period
+
+    def due(self, room: int) -> bool:
+        return room <= self.next_check
+
+    def plan_if_due(
+        self, matcher: Matcher, room: int, at: int, text: Callable[[], str]
+    ) -> tuple[int, list[int]] | None:
+        """When the answer must close now: (output length to cut back to, completion from there) — `at` (the
+        output length now) with a completion that fits, or the last fallback when none fits any more. None
+        while there is room (or nothing to close with)."""
+        if not self.due(room):
+            return None
+        plan = shortest_completion(matcher, self.vocab, room, prefix=text())
+        if plan is None:
+            self.next_check = room - RETRY_EVERY
+            return self.fallback
+        if len(plan) + MARGIN < room:
+            self.fallback = (at, plan)
+            self.next_check = 2 * len(plan) + MARGIN
+            return None
+        return at, plan
+
+    def plan_now(self, matcher: Matcher, room: int, text: Callable[[], str]) -> list[int] | None:
+        """A completion that fits the room left, whatever the budget (a runaway closes at once)."""
+        return shortest_completion(matcher, self.vocab, room, prefix=text())
+
+
+def repeated_block(tokens: list[int]) -> int:
+    """The shortest period p such that the output ends with max(RUNAWAY_REPEATS × p, RUNAWAY_SPAN) tokens that
+    repeat every p tokens (0: none)."""
+    last = tokens[-1] if tokens else None
+    for period in range(1, RUNAWAY_PERIOD + 1):
+        span = max(RUNAWAY_REPEATS * period, RUNAWAY_SPAN)
+        if span > len(tokens):
+            break
+        if tokens[-1 - period] != last:
+            continue  # cheap filter first: a cycle of this period repeats the last token
+        if tokens[-span:-period] == tokens[-span + period :]:
+            return period
+    return 0
+
+
+def trailing_digits(tokens: list[int], text: Callable[[int], str]) -> int:
+    """Digits at the end of the output (a number being written), counted back token by token."""
+    digits = 0
+    for token in reversed(tokens):
+        piece = text(token)
+        tail = len(piece) - len(piece.rstrip("0123456789"))
+        digits += tail
+        if tail < len(piece) or digits > RUNAWAY_DIGITS:
+            break
+    return digits

@@ -1,0 +1,34 @@
+"""What counts as a runaway (server/engine/answer_closing.py): a block repeated back to back over the window,
+and a number past any plausible width; what does not: short repeats, and an answer that merely varies."""
+
+from __future__ import annotations
+
+from server.engine.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
+
+ITEM = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # ten tokens, e.g. `{"name": "Widget", "qty": 2}, `
+
+
+def test_an_item_repeated_three_times_is_a_runaway_of_its_length() -> None:
+    assert repeated_block([1, 2, *ITEM, *ITEM, *ITEM]) == len(ITEM)
+    assert repeated_block([1, 2, *ITEM, *ITEM]) == 0  # twice may be what the text holds
+    assert repeated_block([*ITEM, *ITEM, *ITEM, 99]) == 0  # the output moved on
+
+
+def test_short_cycles_must_span_the_window() -> None:
+    pair = [7, 8]
+    assert repeated_block(pair * (RUNAWAY_SPAN // 2)) == 2  # the shortest period, not a multiple of it
+    assert repeated_block([5] + pair * (RUNAWAY_SPAN // 2 - 1)) == 0
+    assert repeated_block([3] * RUNAWAY_SPAN) == 1
+
+
+def test_items_that_vary_are_not_a_runaway() -> None:
+    varied = [tok for i in range(6) for tok in (*ITEM[:-1], 100 + i)]
+    assert repeated_block(varied) == 0
+
+
+def test_digits_are_counted_across_tokens() -> None:
+    texts = {1: '": ', 2: "123", 3: "4", 4: " 56", 5: "x"}
+    assert trailing_digits([1, 2, 3], texts.__getitem__) == 4
+    assert trailing_digits([1, 4, 2], texts.__getitem__) == 5  # ` 56` ends in two digits, then stops
+    assert trailing_digits([5], texts.__getitem__) == 0
+    assert trailing_digits([1] + [2] * 10, texts.__getitem__) > RUNAWAY_DIGITS
