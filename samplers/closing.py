@@ -14,11 +14,15 @@ construction.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from grammars.spec import GrammarSpec
 from samplers.bitmask import allowed_counts, allowed_ids
 from samplers.json_syntax import JsonScan
 from samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
@@ -27,7 +31,7 @@ from samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
 CLOSING_TEXTS = (
     '"', "}", "]", '"}', '"]', "}}", "]}", "}]", "]]", '"}}', '"]}', '"}]', "}}}", "]}}", "}]}", '"}]}',
     "1", "0", "2", "3", "4", "5", "6", "7", "8", "9", '""', "[]", "{}", "null", "true", "false",
-    ":", ",", '":', '",', "{", "[", "-", ".", "e", "a", "@", "T", "Z",
+    ":", ",", '":', '",', "{", "[", "-", ".", "e", "a", "@", "T", "Z", "/", "_",
 )
 CLOSERS = '"}])'
 # A state that allows at most this many tokens has all of them tried (they are what the grammar insists on).
@@ -72,8 +76,11 @@ def _lengthens(before: JsonScan, after: JsonScan) -> bool:
 
 
 class _Search:
-    def __init__(self, matcher: Matcher, vocab: ClosingVocabulary, nodes: int, prefix: str) -> None:
+    def __init__(
+        self, matcher: Matcher, vocab: ClosingVocabulary, nodes: int, prefix: str, keys: frozenset[str]
+    ) -> None:
         self.matcher = matcher
+        self.keys = keys  # property names some schema requires: the names worth writing when one must be
         self.vocab = vocab
         self.nodes = nodes
         self.stops = frozenset(vocab.tokenizer.stop_token_ids)
@@ -112,17 +119,24 @@ class _Search:
             ids = [t for t in self.vocab.closing_ids if (int(words[t >> 5]) >> (t & 31)) & 1]
         scan, streak = self.scans[-1], self.streaks[-1]
 
-        def key(token: int) -> tuple[int, int, int, int]:
+        def key(token: int) -> tuple[int, int, int, int, int]:
             text = self._text(token)
             bare = text.strip()
             after = scan.copy().feed(text)
+            # Writing a property name: one a schema requires first (an optional one only lengthens the answer).
+            naming = after.is_key and (after.in_string or after.expect == "colon") and after.key != scan.key
+            unwanted = naming and not any(k.startswith(after.key) for k in self.keys)
             # Lengthening a value never brings the end nearer by the syntax's count, so each such move in a
             # row costs one more: a `,` the schema requires wins over a number growing digit by digit.
             cost = after.distance() + (streak + 1 if _lengthens(scan, after) else 0)
-            # Within a string that may not end yet (a format, a pattern), letters and digits first; spaces
-            # only where the grammar requires one; a minus sign last (`: 1` reads better than `: -1`).
-            style = 3 if "-" in bare else 2 if not bare else 1 if scan.in_string and not bare.isalnum() else 0
-            return (cost, style, *_rank(text))
+            if scan.in_string:
+                # A string that may not end yet (a format, a pattern: `"` was not allowed here) alternates
+                # letters or digits with punctuation, shortest first: `a:`, `a@a.a`, rather than `aaaa...`.
+                alternate = bare.isalnum() != scan.last.isalnum()
+                return (cost, int(unwanted), 0 if alternate else 1, len(bare), 0)
+            # Spaces only where the grammar requires one; a minus sign last (`: 1` reads better than `: -1`).
+            style = 2 if "-" in bare else 1 if not bare else 0
+            return (cost, int(unwanted), style, *_rank(text))
 
         return sorted(ids, key=key)[:BRANCH]
 
@@ -154,7 +168,13 @@ class _Search:
 
 
 def shortest_completion(
-    matcher: Matcher, vocab: ClosingVocabulary, limit: int, *, prefix: str = "", nodes: int = DEFAULT_NODES
+    matcher: Matcher,
+    vocab: ClosingVocabulary,
+    limit: int,
+    *,
+    prefix: str = "",
+    keys: frozenset[str] = frozenset(),
+    nodes: int = DEFAULT_NODES,
 ) -> list[int] | None:
     """Tokens (at most `limit`) after which the answer may end, tried closers-first; None if none was found
     within `nodes` mask fills. The matcher ends where it started.
@@ -162,4 +182,22 @@ def shortest_completion(
     Depth-first, best move first, so the first path tried is usually the one taken (one mask fill per
     token); at most `BRANCH` moves are tried from any state, so a dead path costs little."""
     with torch.inference_mode():
-        return _Search(matcher, vocab, nodes, prefix).run(limit)
+        return _Search(matcher, vocab, nodes, prefix, keys).run(limit)
+
+
+@functools.lru_cache(maxsize=512)
+def required_keys(spec: GrammarSpec) -> frozenset[str]:
+    """Every property name some `required` list in the spec's schemas names (tool-call specs included).
+    Cached like compiled grammars: a schema sent again costs nothing."""
+    names: set[str] = set()
+    stack: list[Any] = [json.loads(spec.source)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            required = node.get("required")
+            if isinstance(required, list):
+                names.update(name for name in required if isinstance(name, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return frozenset(names)

@@ -22,6 +22,8 @@ class JsonScan:
     is_key: bool = False  # the open string is a property name
     expect: str = "value"  # value | key | colon | after | open (just after `{` or `[`: a close is fine)
     word: str = ""  # a number or literal being written
+    key: str = ""  # the property name being written, or the last one written
+    last: str = ""  # the last character fed
 
     def copy(self) -> JsonScan:
         return replace(self, stack=list(self.stack))
@@ -33,6 +35,7 @@ class JsonScan:
                     continue
                 self.started = True
             self._char(ch)
+            self.last = ch
         return self
 
     def _char(self, ch: str) -> None:
@@ -43,6 +46,9 @@ class JsonScan:
                 self.escaped = True
             elif ch == '"':
                 self.in_string, self.expect = False, "colon" if self.is_key else "after"
+                return
+            if self.is_key:
+                self.key += ch
             return
         if self.word and (ch.isalnum() or ch in "+-."):
             self.word += ch
@@ -53,6 +59,8 @@ class JsonScan:
         if ch == '"':
             self.in_string = True
             self.is_key = self.expect in ("key", "open") and self.stack[-1:] == ["{"]
+            if self.is_key:
+                self.key = ""
         elif ch in "{[":
             self.stack.append(ch)
             self.expect = "open"

@@ -20,6 +20,7 @@ from grammars.features import route
 from grammars.request import AUTO, ConstraintRequest
 from grammars.spec import GrammarSpec
 from grammars.validation import OutputCheck
+from samplers.closing import required_keys
 from samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
@@ -245,7 +246,8 @@ class Service:
             if not loop.is_closed():  # a final answer given as the server stops may find no loop to take it
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        compiled = prepared.compiled
+        compiled, spec = prepared.compiled, prepared.constraint.spec
+        closable = self._closable(prepared)
         backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
         seq = Sequence(
             request_id=prepared.request_id,
@@ -255,7 +257,8 @@ class Service:
             matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
             backend=backend,
             streaming=deltas,
-            closable=self._closable(prepared),
+            closable=closable,
+            required_keys=required_keys(spec) if closable and spec is not None else frozenset(),
         )
         seq.stats.arrival = prepared.received
         self.in_flight += 1

@@ -42,8 +42,9 @@ class AnswerCloser:
     """One sequence's closing state: when to search next, and the last completion found (and at what output
     length), which the engine falls back to when a later step leaves nothing that fits."""
 
-    def __init__(self, vocab: ClosingVocabulary) -> None:
+    def __init__(self, vocab: ClosingVocabulary, keys: frozenset[str] = frozenset()) -> None:
         self.vocab = vocab
+        self.keys = keys  # required property names: a completion writes these rather than optional ones
         self.next_check = FIRST_CHECK
         self.closed: ClosedBecause | None = None
         self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
@@ -75,7 +76,7 @@ class AnswerCloser:
         while there is room (or nothing to close with)."""
         if not self.due(room):
             return None
-        plan = shortest_completion(matcher, self.vocab, room, prefix=text())
+        plan = shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys)
         if plan is None:
             self.next_check = room - RETRY_EVERY
             return self.fallback
@@ -87,7 +88,7 @@ class AnswerCloser:
 
     def plan_now(self, matcher: Matcher, room: int, text: Callable[[], str]) -> list[int] | None:
         """A completion that fits the room left, whatever the budget (a runaway closes at once)."""
-        return shortest_completion(matcher, self.vocab, room, prefix=text())
+        return shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys)
 
 
 def repeated_block(tokens: list[int]) -> int:

@@ -29,7 +29,9 @@ class GrammarTokens:
         self.jump_forward = jump_forward
 
     def closer_for(self, seq: Sequence) -> AnswerCloser | None:
-        return AnswerCloser(self.vocab) if seq.closable and seq.matcher is not None else None
+        if not seq.closable or seq.matcher is None:
+            return None
+        return AnswerCloser(self.vocab, seq.required_keys)
 
     def forced_after(self, seq: Sequence) -> list[int]:
         """Jump-forward: the tokens the grammar dictates next, accepted into the matcher (within max_tokens)."""

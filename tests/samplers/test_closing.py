@@ -13,7 +13,7 @@ from conftest import SAMPLE_BENCH, TOKENIZER_FAMILIES, family_tokenizer
 
 from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
-from samplers.closing import ClosingVocabulary, shortest_completion
+from samplers.closing import ClosingVocabulary, required_keys, shortest_completion
 from samplers.compilation import GrammarCache
 from samplers.json_syntax import JsonScan, json_closing
 from samplers.protocol import TokenizerSpec
@@ -100,3 +100,37 @@ def test_cut_answers_close_validly(tokenizer: TokenizerSpec) -> None:
             assert all(matcher.accept_token(t) for t in plan) and matcher.can_terminate()
     assert not invalid, invalid
     assert tried >= 150 and found >= 0.95 * tried, (found, tried)
+
+
+def test_a_completion_writes_required_properties_not_optional_ones(tokenizer: TokenizerSpec) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"alpha": {"type": "string"}, "beta": {"type": "integer"}, "zeta": {"type": "boolean"}},
+        "required": ["zeta"],
+        "additionalProperties": False,
+    }
+    spec = GrammarSpec.json_schema(schema)
+    assert required_keys(spec) == {"zeta"}
+    backends = BackendSet(tokenizer)
+    compiled = GrammarCache(backends).compile(spec, "auto")
+    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
+    opening = tokenizer.hf_tokenizer.encode("{", add_special_tokens=False)
+    assert all(matcher.accept_token(t) for t in opening)
+    plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 32, prefix="{", keys=required_keys(spec))
+    assert plan is not None
+    answer = json.loads("{" + tokenizer.hf_tokenizer.decode(plan))
+    assert list(answer) == ["zeta"], answer
+
+
+def test_a_format_string_is_completed_in_its_format(tokenizer: TokenizerSpec) -> None:
+    """Where `"` may not come yet (a URI needs its scheme), letters alternate with punctuation until it may."""
+    schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri"}}, "required": ["u"]}
+    spec = GrammarSpec.json_schema(schema)
+    backends = BackendSet(tokenizer)
+    compiled = GrammarCache(backends).compile(spec, "auto")
+    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
+    prefix = '{"u": "'
+    assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+    plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 32, prefix=prefix)
+    assert plan is not None
+    assert validate_output(spec, prefix + tokenizer.hf_tokenizer.decode(plan)).valid
