@@ -21,14 +21,44 @@ from samplers.registry import BackendSet
 ITEM_SEPARATOR, KEY_SEPARATOR = ", ", ": "
 
 
-def serializations(value: Any) -> list[str]:
-    """The compact texts to try for one instance: sorted keys first, then the data set's own order.
-    The engines emit declared properties in the schema's order, which neither needs to match: such an
-    instance counts as refused (a soundness failure the engine would not have in declared order)."""
+def serializations(value: Any, schema: Any = None) -> list[str]:
+    """The compact texts to try for one instance: sorted keys first, then the data set's own order, then (given
+    the schema) the order the engines emit, each object's keys as the schema declares its properties (by first
+    declaration anywhere in the schema, an approximation where two subschemas declare the same names
+    differently). An instance accepted in none of them counts as refused."""
     seps = (ITEM_SEPARATOR, KEY_SEPARATOR)
-    ordered = json.dumps(value, sort_keys=True, separators=seps, ensure_ascii=False)
-    original = json.dumps(value, separators=seps, ensure_ascii=False)
-    return [ordered] if ordered == original else [ordered, original]
+    texts = [json.dumps(value, sort_keys=True, separators=seps, ensure_ascii=False)]
+    texts.append(json.dumps(value, separators=seps, ensure_ascii=False))
+    if schema is not None:
+        rank = declared_order(schema)
+        texts.append(json.dumps(_reordered(value, rank), separators=seps, ensure_ascii=False))
+    return list(dict.fromkeys(texts))
+
+
+def declared_order(schema: Any) -> dict[str, int]:
+    """Each property name's position in the schema, in document order of the `properties` that declare it."""
+    rank: dict[str, int] = {}
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            properties = node.get("properties")
+            if isinstance(properties, dict):
+                for name in properties:
+                    rank.setdefault(name, len(rank))
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return rank
+
+
+def _reordered(value: Any, rank: dict[str, int]) -> Any:
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: rank.get(k, len(rank)))  # stable: undeclared keys keep their order
+        return {k: _reordered(value[k], rank) for k in keys}
+    if isinstance(value, list):
+        return [_reordered(item, rank) for item in value]
+    return value
 
 
 @dataclass
@@ -92,7 +122,10 @@ class MaskContext:
 def encode_instances(case: SchemaCase, tokenizer: TokenizerSpec) -> list[list[list[int]]]:
     """Token ids of every serialization of every test instance (shared by all backends of a case)."""
     encode = tokenizer.hf_tokenizer.encode
-    return [[list(encode(text, add_special_tokens=False)) for text in serializations(t.data)] for t in case.tests]
+    return [
+        [list(encode(text, add_special_tokens=False)) for text in serializations(t.data, case.schema)]
+        for t in case.tests
+    ]
 
 
 def run_masks(ctx: MaskContext, case: SchemaCase, backend: str, encoded: list[list[list[int]]]) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def test_limit_takes_evenly_spaced_sorted_names() -> None:
 def test_instances_are_compact_with_corral_separators_sorted_keys_first() -> None:
     assert serializations({"b": [1, 2], "a": "é"}) == ['{"a": "é", "b": [1, 2]}', '{"b": [1, 2], "a": "é"}']
     assert serializations([1, {"x": None}]) == ['[1, {"x": null}]']
+    # Given the schema: also the order the engines emit, declared properties first in declaration order.
+    schema = {"type": "object", "properties": {"z": {}, "a": {"properties": {"y": {}, "b": {}}}}}
+    assert serializations({"a": {"b": 1, "y": 2}, "z": 0}, schema)[-1] == '{"z": 0, "a": {"y": 2, "b": 1}}'
 
 
 # -- masks mode -------------------------------------------------------------------------------------------
