@@ -89,7 +89,7 @@ def test_cut_answers_close_validly(tokenizer: TokenizerSpec) -> None:
                 continue  # the grammar's whitespace style differs from json.dumps' here
             tried += 1
             prefix = hf.decode(ids[:cut])
-            plan = shortest_completion(matcher, vocab, 64, prefix=prefix)
+            plan = shortest_completion(matcher, vocab, 64, prefix=prefix, deadline_s=2.0)  # quality, not time
             if plan is None:
                 continue
             found += 1
