@@ -31,6 +31,7 @@ RUNAWAY_DIGITS = 20
 ITEM_PERIOD = 8
 MARGIN = 4  # tokens one more step may take beyond the completion found
 RETRY_EVERY = 4  # after a search that found nothing, steps until the next
+RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more than the budget's per-step one
 
 
 class ClosedBecause(StrEnum):
@@ -48,6 +49,7 @@ class AnswerCloser:
         self.next_check = FIRST_CHECK
         self.closed: ClosedBecause | None = None
         self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
+        self.runaway_retry_at = 0  # output length before which a failed runaway search is not repeated
         self.chosen: list[bool] = []  # per output token: the model chose it (False: the grammar dictated it)
 
     def record(self, output_len: int, chosen: list[bool]) -> None:
@@ -86,9 +88,18 @@ class AnswerCloser:
             return None
         return at, plan
 
-    def plan_now(self, matcher: Matcher, room: int, text: Callable[[], str]) -> list[int] | None:
-        """A completion that fits the room left, whatever the budget (a runaway closes at once)."""
-        return shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys)
+    def plan_now(self, matcher: Matcher, room: int, at: int, text: Callable[[], str]) -> list[int] | None:
+        """A completion that fits the room left, whatever the budget (a runaway closes at once). A runaway is
+        worth a longer search (it happens once), and one that found nothing is not repeated for a few tokens
+        (`at`: the output length now): the answer is runaway on every step meanwhile."""
+        if at < self.runaway_retry_at:
+            return None
+        plan = shortest_completion(
+            matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S
+        )
+        if plan is None:
+            self.runaway_retry_at = at + RETRY_EVERY * 2
+        return plan
 
 
 def repeated_block(tokens: list[int]) -> int:
