@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from grammars.spec import GrammarSpec
+from grammars.spec import GrammarKind, GrammarSpec
 from samplers.bitmask import allowed_counts, allowed_ids
 from samplers.json_syntax import JsonScan
 from samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
@@ -201,6 +201,8 @@ def shortest_completion(
 def required_keys(spec: GrammarSpec) -> frozenset[str]:
     """Every property name some `required` list in the spec's schemas names (tool-call specs included).
     Cached like compiled grammars: a schema sent again costs nothing."""
+    if not spec.embeds_schema or spec.kind is GrammarKind.JSON_OBJECT:
+        return frozenset()  # a bare JSON object requires nothing (its spec source is no schema)
     names: set[str] = set()
     stack: list[Any] = [json.loads(spec.source)]
     while stack:

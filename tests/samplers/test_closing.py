@@ -111,6 +111,7 @@ def test_a_completion_writes_required_properties_not_optional_ones(tokenizer: To
     }
     spec = GrammarSpec.json_schema(schema)
     assert required_keys(spec) == {"zeta"}
+    assert required_keys(GrammarSpec.json_object()) == frozenset()  # its source is no schema
     backends = BackendSet(tokenizer)
     compiled = GrammarCache(backends).compile(spec, "auto")
     matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
