@@ -48,10 +48,11 @@ class Reply:
     error: str | None = None
 
 
-async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
+async def post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Reply:
+    """One POST: `ok` (200 with choices), `refused` (400, with the server's message) or `error`."""
     start = time.perf_counter()
     try:
-        response = await client.post("/v1/chat/completions", json=body)
+        response = await client.post(path, json=body)
     except httpx.HTTPError as exc:
         return Reply("error", error=f"{type(exc).__name__}: {exc}")
     client_ms = (time.perf_counter() - start) * 1000
@@ -65,6 +66,10 @@ async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
     message = error.get("message") if isinstance(error, dict) else None
     return Reply("refused" if response.status_code == 400 else "error", response.status_code, None, client_ms,
                  str(message or response.text)[:500])
+
+
+async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
+    return await post(client, "/v1/chat/completions", body)
 
 
 async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concurrency: int, max_tokens: int,
