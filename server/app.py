@@ -1,5 +1,5 @@
 """FastAPI app factory: middleware, then the routes (health, metrics, models, grammars, chat and text
-completions) over one Service and its OpenAI front end."""
+completions, responses) over one Service and its OpenAI front end."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from server.middleware import add_inner_middleware, add_outer_middleware
 from server.openai.frontend import OpenAIFrontend
 from server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.openai.responses import respond
+from server.openai.responses_api.request import ResponsesRequest
+from server.openai.responses_api.route import respond_responses
 from server.serving import Service
 
 RECURSION_LIMIT = 20_000  # jsonschema recurses a few frames per schema level: room for --max-schema-depth
@@ -88,5 +90,9 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> JSONResponse | EventSourceResponse:
         return await respond(frontend, req, await frontend.prepare_completion(req), chat=False)
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(req: ResponsesRequest) -> JSONResponse | EventSourceResponse:
+        return await respond_responses(frontend, req)
 
     return app

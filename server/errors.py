@@ -148,7 +148,9 @@ def install_error_handlers(app: FastAPI, limit_refusals: Counter) -> None:
         return _http_response(request, exc)
 
 
-async def guard_stream(events: AsyncGenerator[str, None], internal_errors: Counter) -> AsyncIterator[str]:
+async def guard_stream(
+    events: AsyncGenerator[str | dict[str, str], None], internal_errors: Counter
+) -> AsyncIterator[str | dict[str, str]]:
     """A streamed answer's events; an exception after the headers went out (too late for a status code) ends
     the stream with an error event in OpenAI's shape instead of a cut connection: an ApiError as itself,
     anything else as `internal_error`, logged with the request id and counted."""

@@ -1,6 +1,6 @@
-"""Every request field of OpenAI's Chat Completions / Completions and of vLLM's extensions, and what corral
-does with each. The request models screen incoming bodies through `screen` before validation: a field not
-listed here, or one corral does not implement (unless its value changes nothing), is a 400 naming it.
+"""Every request field of OpenAI's Chat Completions, Completions and Responses APIs and of vLLM's extensions,
+and what corral does with each. The request models screen incoming bodies through `screen` before validation: a
+field not listed here, or one corral does not implement (unless its value changes nothing), is a 400 naming it.
 
 `docs/api.md` carries `markdown_table()`'s output; a test keeps the two identical.
 """
@@ -25,11 +25,15 @@ class Treatment(StrEnum):
 class Endpoint(StrEnum):
     CHAT = "chat"
     COMPLETIONS = "completions"
+    RESPONSES = "responses"
 
 
-BOTH = frozenset(Endpoint)
+BOTH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})  # the two completions APIs
+ALL = frozenset(Endpoint)
 CHAT = frozenset({Endpoint.CHAT})
 COMPLETIONS = frozenset({Endpoint.COMPLETIONS})
+RESPONSES = frozenset({Endpoint.RESPONSES})
+CHAT_RESPONSES = frozenset({Endpoint.CHAT, Endpoint.RESPONSES})
 
 
 @dataclass(frozen=True)
@@ -47,17 +51,17 @@ OPENAI, VLLM, CORRAL = "OpenAI", "vLLM", "corral"
 
 FIELDS: tuple[FieldRule, ...] = (
     # -- OpenAI, both endpoints ------------------------------------------------------------------------------
-    FieldRule("model", OPENAI, H, "must name the served model (or `default`); another name is a 404"),
+    FieldRule("model", OPENAI, H, "must name the served model (or `default`); another name is a 404", ALL),
     FieldRule("max_tokens", OPENAI, H, "more than the context leaves after the prompt is a 400"),
-    FieldRule("temperature", OPENAI, H, "0..2; 0 is greedy"),
-    FieldRule("top_p", OPENAI, H, "(0, 1]"),
-    FieldRule("seed", OPENAI, H, "same seed, same request, same answer"),
+    FieldRule("temperature", OPENAI, H, "0..2; 0 is greedy", ALL),
+    FieldRule("top_p", OPENAI, H, "(0, 1]", ALL),
+    FieldRule("seed", OPENAI, H, "same seed, same request, same answer", ALL),
     FieldRule("stop", OPENAI, H, "string or list; the answer is cut before the first match"),
     FieldRule("n", OPENAI, H, "1..16 independent answers"),
     FieldRule("presence_penalty", OPENAI, H, "-2..2"),
     FieldRule("frequency_penalty", OPENAI, H, "-2..2"),
     FieldRule("logit_bias", OPENAI, H, "token id -> -100..100"),
-    FieldRule("stream", OPENAI, H, "server-sent events"),
+    FieldRule("stream", OPENAI, H, "server-sent events", ALL),
     FieldRule("stream_options", OPENAI, H, "an object; its keys are listed below"),
     FieldRule("stream_options.include_usage", OPENAI, H, "a last chunk with `usage`"),
     FieldRule("stream_options.include_obfuscation", OPENAI, IGN, "a padding field against side channels"),
@@ -65,23 +69,23 @@ FIELDS: tuple[FieldRule, ...] = (
         "stream_options.continuous_usage_stats", VLLM, R, "`usage` on every chunk is not implemented",
         neutral=(False,),
     ),
-    FieldRule("user", OPENAI, IGN, "an end-user id for abuse monitoring"),
+    FieldRule("user", OPENAI, IGN, "an end-user id for abuse monitoring", ALL),
     FieldRule("logprobs", OPENAI, H, "chat: a boolean; completions: 0..5 top alternatives per token"),
     # -- OpenAI, chat only --------------------------------------------------------------------------------
     FieldRule("messages", OPENAI, H, "text content only; an image/audio/file part is a 400 naming it", CHAT),
     FieldRule("max_completion_tokens", OPENAI, H, "as `max_tokens` (wins when both are given)"),
     FieldRule("top_logprobs", OPENAI, H, "0..20 alternatives per token, with `logprobs: true`", CHAT),
     FieldRule("response_format", OPENAI, H, "`text` (the default), `json_object`, `json_schema`"),
-    FieldRule("tools", OPENAI, H, "function tools; arguments generated under each tool's `parameters`", CHAT),
-    FieldRule("tool_choice", OPENAI, H, "`none`, `auto`, `required` or a named function", CHAT),
-    FieldRule("parallel_tool_calls", OPENAI, H, "whether one answer may carry several calls", CHAT),
-    FieldRule("metadata", OPENAI, IGN, "key-value tags for OpenAI's stored completions", CHAT),
+    FieldRule("tools", OPENAI, H, "function tools; arguments generated under each tool's `parameters`", CHAT_RESPONSES),
+    FieldRule("tool_choice", OPENAI, H, "`none`, `auto`, `required` or a named function", CHAT_RESPONSES),
+    FieldRule("parallel_tool_calls", OPENAI, H, "whether one answer may carry several calls", CHAT_RESPONSES),
+    FieldRule("metadata", OPENAI, IGN, "key-value tags for OpenAI's stored completions", CHAT_RESPONSES),
     FieldRule("store", OPENAI, IGN, "whether OpenAI stores the completion; corral stores nothing", CHAT),
-    FieldRule("service_tier", OPENAI, IGN, "OpenAI's billing/latency tier; corral has one", CHAT),
-    FieldRule("prompt_cache_key", OPENAI, IGN, "a routing hint for OpenAI's prompt cache", CHAT),
-    FieldRule("prompt_cache_retention", OPENAI, IGN, "how long OpenAI keeps a cached prefix", CHAT),
-    FieldRule("prompt_cache_options", OPENAI, IGN, "breakpoints for OpenAI's prompt cache", CHAT),
-    FieldRule("safety_identifier", OPENAI, IGN, "an end-user id for abuse monitoring", CHAT),
+    FieldRule("service_tier", OPENAI, IGN, "OpenAI's billing/latency tier; corral has one", CHAT_RESPONSES),
+    FieldRule("prompt_cache_key", OPENAI, IGN, "a routing hint for OpenAI's prompt cache", CHAT_RESPONSES),
+    FieldRule("prompt_cache_retention", OPENAI, IGN, "how long OpenAI keeps a cached prefix", CHAT_RESPONSES),
+    FieldRule("prompt_cache_options", OPENAI, IGN, "breakpoints for OpenAI's prompt cache", CHAT_RESPONSES),
+    FieldRule("safety_identifier", OPENAI, IGN, "an end-user id for abuse monitoring", CHAT_RESPONSES),
     FieldRule("modalities", OPENAI, R, "output is text only", CHAT, neutral=(["text"],)),
     FieldRule("audio", OPENAI, R, "audio output is not implemented", CHAT),
     FieldRule("prediction", OPENAI, R, "predicted outputs are not implemented", CHAT),
@@ -91,17 +95,47 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("moderation", OPENAI, R, "moderation is not implemented", CHAT),
     FieldRule("functions", OPENAI, R, "deprecated; use `tools`", CHAT),
     FieldRule("function_call", OPENAI, R, "deprecated; use `tool_choice`", CHAT),
+    # -- OpenAI, Responses API only (POST /v1/responses) -------------------------------------------------------
+    FieldRule("input", OPENAI, H, "a string, or message, `function_call` and `function_call_output` items; "
+              "text parts only", RESPONSES),
+    FieldRule("instructions", OPENAI, H, "a system message before `input`", RESPONSES),
+    FieldRule("max_output_tokens", OPENAI, H, "as chat's `max_completion_tokens`", RESPONSES),
+    FieldRule("text", OPENAI, H, "an object; its keys are listed below", RESPONSES),
+    FieldRule("text.format", OPENAI, H, "`text` (the default), `json_object`, `json_schema` (as chat's "
+              "`response_format`)", RESPONSES),
+    FieldRule("text.verbosity", OPENAI, R, "not implemented; it would change the answer's length", RESPONSES,
+              neutral=("medium",)),
+    FieldRule("stream_options", OPENAI, IGN, "its one key, `include_obfuscation`, pads events against side "
+              "channels", RESPONSES),
+    FieldRule("include", OPENAI, R, "extra output data (logprobs, encrypted reasoning) is not implemented",
+              RESPONSES, neutral=([],)),
+    FieldRule("store", OPENAI, R, "corral stores no response to fetch or continue later", RESPONSES,
+              neutral=(False,)),
+    FieldRule("previous_response_id", OPENAI, R, "corral keeps no state between requests; send the whole "
+              "conversation in `input`", RESPONSES),
+    FieldRule("conversation", OPENAI, R, "corral keeps no conversations; send the whole conversation in `input`",
+              RESPONSES),
+    FieldRule("background", OPENAI, R, "background responses are not implemented", RESPONSES, neutral=(False,)),
+    FieldRule("prompt", OPENAI, R, "stored prompt templates are not implemented; send `instructions`", RESPONSES),
+    FieldRule("reasoning", OPENAI, R, "the model does not reason", RESPONSES, neutral=({},)),
+    FieldRule("truncation", OPENAI, R, "the input is never truncated; a long one is a 400", RESPONSES,
+              neutral=("disabled",)),
+    FieldRule("top_logprobs", OPENAI, R, "logprobs are not implemented on this endpoint", RESPONSES, neutral=(0,)),
+    FieldRule("max_tool_calls", OPENAI, R, "a limit on hosted tool calls; corral has no hosted tools", RESPONSES),
+    FieldRule("context_management", OPENAI, R, "server-side compaction is not implemented", RESPONSES),
     # -- OpenAI, completions only ---------------------------------------------------------------------------
     FieldRule("prompt", OPENAI, H, "one string (or a list of one)", COMPLETIONS),
     FieldRule("echo", OPENAI, R, "echoing the prompt is not implemented", COMPLETIONS, neutral=(False,)),
     FieldRule("suffix", OPENAI, R, "insertion is not implemented", COMPLETIONS, neutral=("",)),
     FieldRule("best_of", OPENAI, R, "server-side best-of is not implemented; use `n`", BOTH, neutral=(1,)),
     # -- vLLM sampling extensions ---------------------------------------------------------------------------
-    FieldRule("top_k", VLLM, H, "-1 or 0: off"),
-    FieldRule("min_p", VLLM, H, "0..1"),
-    FieldRule("repetition_penalty", VLLM, H, "(0, 10]; 1 is off"),
+    FieldRule("top_k", VLLM, H, "-1 or 0: off", ALL),
+    FieldRule("min_p", VLLM, H, "0..1", ALL),
+    FieldRule("repetition_penalty", VLLM, H, "(0, 10]; 1 is off", ALL),
     FieldRule("ignore_eos", VLLM, H, "keep generating past end-of-turn (benchmarks); turns stall detection off"),
-    FieldRule("structured_outputs", VLLM, H, "the constraint: json, json_object, choice, regex, grammar, backend"),
+    FieldRule(
+        "structured_outputs", VLLM, H, "the constraint: json, json_object, choice, regex, grammar, backend", ALL
+    ),
     FieldRule("use_beam_search", VLLM, R, "beam search is not implemented", neutral=(False,)),
     FieldRule("length_penalty", VLLM, R, "beam search is not implemented", neutral=(1, 1.0)),
     FieldRule("min_tokens", VLLM, R, "a minimum length is not implemented", neutral=(0,)),
@@ -145,13 +179,14 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("guided_decoding_backend", VLLM, M, "-> `structured_outputs.backend`"),
     FieldRule("guided_whitespace_pattern", VLLM, R, "a custom JSON whitespace pattern is not implemented"),
     # -- corral -----------------------------------------------------------------------------------------------
-    FieldRule("max_revisions", CORRAL, H, "revision depth limit for this request"),
+    FieldRule("max_revisions", CORRAL, H, "revision depth limit for this request", ALL),
     FieldRule(
         "close_answers",
         CORRAL,
         H,
         "false: a JSON Schema or tool-call answer the budget cuts is not closed early (default: the server's "
         "`--close-answers`, on)",
+        ALL,
     ),
 )
 
@@ -229,34 +264,48 @@ def check_content_parts(messages: Any) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
-        for key, value in message.items():
-            if key not in MESSAGE_FIELDS and value is not None:
-                raise bad_request(
-                    f"messages[{i}].{key}: corral does not implement this message field",
-                    param=f"messages[{i}].{key}",
-                    code="unsupported_parameter",
-                )
+        refuse_unknown_keys(message, MESSAGE_FIELDS, f"messages[{i}]", "message field")
         content = message.get("content")
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            param = f"messages[{i}].content[{j}]"
-            if kind not in TEXT_PART_TYPES:
-                raise bad_request(
-                    f"{param}: corral does not implement {kind!r} content parts; this model reads text only",
-                    param=param,
-                    code="unsupported_content",
-                )
-            if not isinstance(part.get("text"), str):
-                raise bad_request(f"{param}.text must be a string", param=f"{param}.text")
+            part_text(part, f"messages[{i}].content[{j}]", TEXT_PART_TYPES)
+
+
+def refuse_unknown_keys(obj: Mapping[str, Any], known: frozenset[str], param: str, what: str) -> None:
+    """A key of `obj` corral does not read, with a value that says something, is a 400 naming it."""
+    for key, value in obj.items():
+        if key not in known and value is not None:
+            raise bad_request(
+                f"{param}.{key}: corral does not implement this {what}",
+                param=f"{param}.{key}",
+                code="unsupported_parameter",
+            )
+
+
+def part_text(part: Any, param: str, types: frozenset[str]) -> str:
+    """A content part's text; a part of another type is a 400 naming it (the model reads text only)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in types:
+        raise bad_request(
+            f"{param}: corral does not implement {kind!r} content parts; this model reads text only",
+            param=param,
+            code="unsupported_content",
+        )
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise bad_request(f"{param}.text must be a string", param=f"{param}.text")
+    return text
+
+
+ENDPOINT_LABELS = {ALL: "all", BOTH: "chat, completions", CHAT_RESPONSES: "chat, responses"}
 
 
 def markdown_table() -> str:
     """The table docs/api.md carries (one row per field and endpoint set)."""
     rows = ["| field | from | endpoints | corral | notes |", "|---|---|---|---|---|"]
     for rule in FIELDS:
-        endpoints = "both" if rule.endpoints == BOTH else next(iter(rule.endpoints)).value
+        endpoints = ENDPOINT_LABELS.get(rule.endpoints) or next(iter(rule.endpoints)).value
         note = rule.note
         if rule.neutral:
             values = ", ".join(_json(v) for v in rule.neutral)

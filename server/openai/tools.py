@@ -8,7 +8,8 @@ tool-call constraint (grammars/tools.py), and a finished or streaming answer tur
 - `strict` is accepted and changes nothing: every call corral returns is generated under, and validated
   against, its function's full `parameters` schema.
 - With `auto`, `response_format` / `structured_outputs.json` (a JSON Schema or JSON object) constrains the text
-  branch; any other constraint beside tools, or any constraint beside a forced call, is a 400.
+  branch; beside a forced call (`required` or a named function) it is accepted and shapes nothing in this
+  answer, which is a call. Any other constraint beside tools is a 400.
 """
 
 from __future__ import annotations
@@ -134,19 +135,16 @@ def tool_constraint(tools: ToolRequest | None, constraint: ConstraintRequest, fm
     text_schema: dict[str, Any] | None = None
     if constraint.spec is not None:
         param = constraint.source or "response_format"
-        if tools.choice != "auto":
-            raise InvalidConstraint(
-                f"tool_choice {tools.choice!r} forces a tool call, so {param} cannot apply; "
-                "use tool_choice 'auto' (the constraint then shapes a text answer) or leave one out",
-                param=param,
-            )
         if not constraint.spec.is_json:
             raise InvalidConstraint(
                 f"beside tools, {param} may only be a JSON Schema or a JSON object (it shapes a text answer)",
                 param=param,
             )
-        schema = constraint.spec.schema()
-        text_schema = schema if isinstance(schema, dict) else {}
+        # A forced call has no text for the format to shape: it applies in a later turn (agents send the
+        # pair, then tool_choice auto once the tool answered), as OpenAI accepts it.
+        if tools.choice == "auto":
+            schema = constraint.spec.schema()
+            text_schema = schema if isinstance(schema, dict) else {}
     if tools.choice in ("auto", "required"):
         functions = tools.functions
         mode: Mode = "auto" if tools.choice == "auto" else "required"

@@ -180,7 +180,9 @@ def test_parse_with_pydantic_function_tool(client: openai.OpenAI) -> None:
      "tool_choice.function.name"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": None, "tool_choice": "required"}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    # Beside a forced call a JSON format is accepted (it shapes a later turn); another constraint is not.
+    ({"tools": TOOLS, "tool_choice": "required", "extra_body": {"structured_outputs": {"choice": ["a"]}}},
+     "structured_outputs.choice"),
     ({"tools": TOOLS, "extra_body": {"structured_outputs": {"regex": "a+"}}}, "structured_outputs.regex"),
     ({"messages": [*MESSAGES, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
     ({"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [
