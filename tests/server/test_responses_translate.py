@@ -50,6 +50,11 @@ def test_a_turn_with_text_and_calls_is_one_assistant_message_and_results_are_too
     ]
 
 
+def test_an_empty_tools_list_means_no_tools() -> None:
+    chat = chat_form(ResponsesRequest.model_validate({"input": "x", "tools": [], "parallel_tool_calls": True})).request
+    assert chat.tools is None and chat.tool_choice is None
+
+
 def test_tools_format_and_budget_become_chat_fields() -> None:
     body = {
         "input": "x",

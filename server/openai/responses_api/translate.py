@@ -81,7 +81,7 @@ def chat_form(req: ResponsesRequest) -> ChatForm:
         "max_revisions": req.max_revisions,
         "close_answers": req.close_answers,
     }
-    if req.tools is not None:
+    if req.tools:
         body["parallel_tool_calls"] = req.parallel_tool_calls
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
@@ -176,7 +176,7 @@ def _output(item: dict[str, Any], param: str) -> str:
 
 # -- tools and format -------------------------------------------------------------------------------------------
 def _tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
+    if not tools:  # `[]` is how the Responses API says "no tools" (openai-agents sends it); chat wants none
         return None
     converted = []
     for index, tool in enumerate(tools):
