@@ -20,19 +20,17 @@ tracing is off).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import socket
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-import httpx
+import client_wire
 import pytest
+from client_wire import Exchange, Recorder
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+# The shared proxy and network guard (tests/e2e/client_wire.py), as this module's fixtures.
+proxy, wire, no_outside_network = client_wire.proxy, client_wire.wire, client_wire.no_outside_network
 
 # Read at import time by the libraries (imported inside the tests, after the network guard is up).
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -58,116 +56,6 @@ class AnyObject(BaseModel):
     """The model for JSON mode: json_object promises a JSON object, not a schema, so every key is accepted."""
 
     model_config = ConfigDict(extra="allow")
-
-
-# -- recording proxy ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Exchange:
-    path: str
-    request: dict[str, Any]
-    status: int
-    response: dict[str, Any]
-
-
-@dataclass
-class Recorder:
-    base_url: str
-    exchanges: list[Exchange] = field(default_factory=list)
-
-    @property
-    def v1(self) -> str:
-        return f"{self.base_url}/v1"
-
-    def only(self) -> Exchange:
-        """The single exchange of a test: one request means the first answer parsed (no library retry)."""
-        assert len(self.exchanges) == 1, [e.request for e in self.exchanges]
-        return self.exchanges[0]
-
-
-def _proxy_handler(upstream: str, recorder: Recorder) -> type[BaseHTTPRequestHandler]:
-    forward = httpx.Client(base_url=upstream, timeout=120)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _relay(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
-            answer = forward.request(self.command, self.path, content=body, headers=headers)
-            if body:
-                recorder.exchanges.append(Exchange(self.path, json.loads(body), answer.status_code, answer.json()))
-            self.send_response(answer.status_code)
-            self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
-            self.send_header("Content-Length", str(len(answer.content)))
-            self.end_headers()
-            self.wfile.write(answer.content)
-
-        do_GET = do_POST = _relay
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
-@pytest.fixture(scope="module")
-def proxy(server: Any) -> Iterator[Recorder]:
-    """A loopback proxy in front of the shared server that records each JSON request and its answer."""
-    recorder = Recorder("")
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _proxy_handler(server.base_url, recorder))
-    httpd.daemon_threads = True
-    recorder.base_url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield recorder
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture()
-def wire(proxy: Recorder) -> Recorder:
-    proxy.exchanges.clear()
-    return proxy
-
-
-# -- no phoning home ------------------------------------------------------------------------------------------
-
-
-def _is_loopback(host: object) -> bool:
-    if host in (None, "localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(str(host)).is_loopback
-    except ValueError:
-        return False
-
-
-@pytest.fixture(autouse=True)
-def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Refuse and record any name lookup or connection beyond loopback made during a test."""
-    attempts: list[str] = []
-    real_connect = socket.socket.connect
-    real_getaddrinfo = socket.getaddrinfo
-
-    def connect(sock: socket.socket, address: Any) -> None:
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address[0]):
-            attempts.append(f"connect {address}")
-            raise OSError(f"test_client_compat: no network beyond loopback ({address})")
-        real_connect(sock, address)
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _is_loopback(host.decode() if isinstance(host, bytes) else host):
-            attempts.append(f"getaddrinfo {host}")
-            raise socket.gaierror(f"test_client_compat: no name lookups beyond loopback ({host})")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    yield attempts
-    assert attempts == [], f"a client library tried to reach outside this machine: {attempts}"
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
