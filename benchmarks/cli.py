@@ -1,5 +1,6 @@
 """`corral bench ...`: the benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, engine, mediation, startup, fuzz, soak, quality), each from its package's cli.py on benchmarks.harness.
+prefix, engine, mediation, startup, fuzz, soak, quality, kinds), each from its package's cli.py on
+benchmarks.harness.
 
 server/cli.py imports this module only for `corral bench`; building these parsers loads no benchmark package
 (rich, matplotlib, httpx, torch): each command imports what it needs when it runs."""
@@ -11,6 +12,7 @@ import argparse
 from benchmarks.engine.cli import add_engine_parser
 from benchmarks.fuzz.cli import add_fuzz_parser
 from benchmarks.jsonschemabench.cli import add_jsonschemabench_parser
+from benchmarks.kinds.cli import add_kinds_parser
 from benchmarks.mediation.cli import add_mediation_parser
 from benchmarks.prefix.cli import add_prefix_parser
 from benchmarks.projection.cli import add_projection_parser
@@ -29,5 +31,6 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (add_jsonschemabench_parser, add_serve_parser, add_peer_model_parser, add_tools_parser,
                 add_sampler_parser, add_projection_parser, add_prefix_parser, add_engine_parser,
-                add_mediation_parser, add_startup_parser, add_fuzz_parser, add_soak_parser, add_quality_parser):
+                add_mediation_parser, add_startup_parser, add_fuzz_parser, add_soak_parser, add_quality_parser,
+                add_kinds_parser):
         add(bench_sub)

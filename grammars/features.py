@@ -32,6 +32,7 @@ _SCHEMA_SINGLE = (
 # The spec kinds that embed JSON Schema documents (GrammarSpec.embeds_schema).
 SCHEMA_KINDS = frozenset({GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT, GrammarKind.TOOL_CALLS})
 UNRANKED = 100  # the rank of a kind a backend does not rank: after every ranked backend, in the enabled order
+YIELDED = 50  # added to a backend's rank for a spec it yields (BackendTraits.yields): after the other ranked ones
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,18 @@ class BackendTraits:
     relaxed_profile: bool = False  # compiles GrammarSpec.decode_safe differently: `auto` tries it as well
     keywords: KeywordTable | None = None  # None: nothing is known, so nothing is claimed
     lark_json: bool = False  # takes Lark grammars with `%json` blocks (how mediation's dispatch markers ride)
+    # A shape of a ranked kind the backend handles badly (a cheap look at the source, no compile): for such a
+    # spec `auto` tries it after the other backends that rank the kind.
+    yields: Callable[[GrammarSpec], bool] | None = None
 
     def rank_for(self, kind: GrammarKind) -> int:
         return self.rank.get(kind, UNRANKED)
+
+    def rank_of(self, spec: GrammarSpec) -> int:
+        rank = self.rank_for(spec.kind)
+        if rank != UNRANKED and self.yields is not None and self.yields(spec):
+            return rank + YIELDED
+        return rank
 
 
 TraitsOf = Callable[[str], BackendTraits]
@@ -118,11 +128,12 @@ def schema_features(schema: Any) -> frozenset[str]:
 
 def route(spec: GrammarSpec, available: Sequence[str], traits: TraitsOf | None = None) -> list[str]:
     """Backends to try for `backend=auto`, best first: each available backend that takes the spec's kind
-    once, by its rank for that kind (ties, and backends that rank nothing, keep the `available` order).
+    once, by its rank for that kind, unless it yields the spec (ties, and backends that rank nothing, keep the
+    `available` order).
     Why each built-in ranks as it does, with the measurements, is in samplers/backends/."""
     declared = [(name, traits_of(name, traits)) for name in available]
     taking = [(name, t) for name, t in declared if spec.kind in t.kinds]
-    return [name for name, t in sorted(taking, key=lambda pair: pair[1].rank_for(spec.kind))]
+    return [name for name, t in sorted(taking, key=lambda pair: pair[1].rank_of(spec))]
 
 
 def attempts(

@@ -1,4 +1,4 @@
-"""llguidance, as corral knows it without importing it: traits, keyword table and sandbox codec.
+r"""llguidance, as corral knows it without importing it: traits, keyword table and sandbox codec.
 
 Routing: JSON (json_schema, json_object, tool calls) goes to llguidance first, from measurements
 (docs/benchmarks.md, masks mode, 40 schemas per dev subset, 2 CPU cores):
@@ -13,10 +13,24 @@ What llguidance refuses (e.g. `not`, `dependencies`, non-disjoint `oneOf`, unkno
 the next backend. Its decode-safe profile (lenient: unimplemented keywords and unknown formats skipped,
 oneOf compiled as anyOf) is tried right after its full compile, before xgrammar's seconds-long compiles:
 on the 8,499-schema dev set llguidance refused 891 schemas; xgrammar then compiled 756 of them, timed out
-on 25 and 110 were refused by both, mostly for `not` (61), `dependencies` (32) and `if/then/else` (7)."""
+on 25 and 110 were refused by both, mostly for `not` (61), `dependencies` (32) and `if/then/else` (7).
+
+Regexes go to llguidance first too, measured by `corral bench kinds` (median of 3 runs, corral-tiny's tokenizer,
+2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmarks.md): a regex that allows many tokens at
+a position costs xgrammar 2-16× more per mask (`([a-z]{2,6} ){30}[a-z]{2,6}` 11,881 µs/token vs 725,
+an e-mail list 496 vs 244, a sentence 2,069 vs 701, `[a-z]{1,4}@[a-z]{1,4}\.com` 709 vs 120), while narrow ones
+(dates, timestamps, phone numbers, alternations) cost both 5-40 µs (one unbounded e-mail, 44 vs 179, is the
+widest gap the other way). Its regex dialect is also Python's where the two differ, and Python's `re` is the
+final check: `.` excludes a newline and `\d`, `\w` are Unicode (xgrammar lets `.` match a newline, which the
+check then fails). A regex it refuses (`[\d-z]`) still goes to xgrammar. What it does not bound at compile time:
+its lexer is built lazily, so a regex that explodes it (300 counted repetitions in a row, which xgrammar refuses
+at the compile deadline) compiles in milliseconds and fails at a later mask with the lexer's own limit, so
+such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with xgrammar
+(samplers/backends/xgrammar.py says why)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from grammars.features import SCHEMA_KINDS, BackendTraits, KeywordTable
@@ -31,8 +45,32 @@ DECODE_SAFE_SKIPPED = frozenset({
 })
 FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
 
+# llguidance builds a regex's lexer lazily, at mask time, where only its own limits bound the cost (on the engine
+# thread, holding up every request's step): 300 counted repetitions in a row (their counts sum to ~60,000)
+# compile in 12 ms and fail ~10 tokens in ("too many expressions constructed"); `((x{1000}){1000}){1000}`
+# (3,000) spent 1.3 s in its first mask and failed. xgrammar refuses the first at the compile deadline, in a
+# killable worker, and serves the second. The wide regexes measured faster here sum to 73 at most.
+MAX_COUNTED = 1_000
+_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def heavy_counts(spec: GrammarSpec) -> bool:
+    """A regex whose repetition counts (`{m}`, `{m,n}`) sum past MAX_COUNTED: `auto` tries xgrammar first."""
+    if spec.kind is not GrammarKind.REGEX:
+        return False
+    total = 0
+    for low, high in _COUNTED.findall(spec.source):
+        count = max(low, high, key=lambda digits: (len(digits), digits))
+        total += MAX_COUNTED + 1 if len(count) > 6 else int(count)
+        if total > MAX_COUNTED:
+            return True
+    return False
+
+
+# First for JSON and regexes (except heavy_counts), second for grammars and choices (the docstring says why).
 TRAITS = BackendTraits(
-    rank={kind: 1 if kind in SCHEMA_KINDS else 2 for kind in GrammarKind},
+    rank={kind: 1 if kind in SCHEMA_KINDS or kind is GrammarKind.REGEX else 2 for kind in GrammarKind},
+    yields=heavy_counts,
     relaxed_profile=True,
     keywords=KeywordTable(decode_safe_skipped=DECODE_SAFE_SKIPPED, formats=FORMATS),
     lark_json=True,

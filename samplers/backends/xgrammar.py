@@ -1,11 +1,20 @@
 """xgrammar, as corral knows it without importing it: traits, keyword table, where its engine and codec are.
 
-Routing (docs/benchmarks.md, masks mode, 40 schemas per dev subset, 2 CPU cores): xgrammar ranks first for
-grammars, regexes and choices, where both engines compile and xgrammar's masks were the faster (TBM p50
-3-14 µs), and second for JSON Schema (see samplers/backends/llguidance.py for why). It refuses the keywords it
-would silently ignore (IGNORED_KEYWORDS), so a schema llguidance refused and xgrammar takes is held where the
-engine can; what it compiles but relaxes (`oneOf` as `anyOf`, formats, some `enum` and `maximum`) is closed
-by the contract guard that `auto` serves through (samplers/contract_guard.py)."""
+Routing: xgrammar ranks first for grammars (EBNF/GBNF, Lark) and choices, second for JSON Schema and regexes
+(samplers/backends/llguidance.py says why). Measured by `corral bench kinds` (median of 3 runs, corral-tiny's
+tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmarks.md):
+- choices: xgrammar's masks are the cheaper, 6-10 µs/token against 14-58 for 3 to 500 options, and 23-32 µs
+  against 76-482 per step of 8 rows;
+- grammars: correctness before speed. llguidance fills wide grammars' masks faster (a CSV Lark grammar 1,884
+  µs/token vs 11,399, a JSON-like GBNF 36 vs 131; narrow ones cost both 12-40 µs), but it lexes terminals
+  greedily, which xgrammar (a character-level CFG, as GBNF is defined) does not: under llguidance
+  `root ::= x "ab"`, `x ::= "a"*` refuses "aaab", a Lark terminal `/[a-z]+/` before "b" refuses "aab", and
+  llguidance 1.9.1's mask after "aa" on the first grammar did not return (minutes, growing memory), which would
+  hold up every request's step.
+For JSON Schema it refuses the keywords it would silently ignore (IGNORED_KEYWORDS), so a schema llguidance
+refused and xgrammar takes is held where the engine can; what it compiles but relaxes (`oneOf` as `anyOf`,
+formats, some `enum` and `maximum`) is closed by the contract guard that `auto` serves through
+(samplers/contract_guard.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +32,9 @@ IGNORED_KEYWORDS = frozenset(
 # Relaxed even by a full compile: oneOf is compiled as anyOf; no string format is enforced.
 RELAXED_KEYWORDS = frozenset({"oneOf"})
 
+# First for grammars and choices, second for JSON and regexes (the module docstring says why).
 TRAITS = BackendTraits(
-    rank={kind: 2 if kind in SCHEMA_KINDS else 1 for kind in GrammarKind},
+    rank={kind: 2 if kind in SCHEMA_KINDS or kind is GrammarKind.REGEX else 1 for kind in GrammarKind},
     relaxed_profile=True,
     keywords=KeywordTable(relaxed=RELAXED_KEYWORDS, decode_safe_skipped=IGNORED_KEYWORDS),
 )

@@ -64,13 +64,49 @@ def test_json_object_routes_to_llguidance_first() -> None:
 
 
 @pytest.mark.parametrize("spec", [
-    GrammarSpec.choice(["a", "b"]),
     GrammarSpec.regex("[a-z]{1,4}"),
+    GrammarSpec.regex(r"([a-z]{2,6} ){30}[a-z]{2,6}"),
+    GrammarSpec.regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
+])
+def test_regexes_route_to_llguidance_first(spec: GrammarSpec) -> None:
+    # Measured (`corral bench kinds`, samplers/backends/llguidance.py): its masks are several times cheaper on
+    # wide regexes and as cheap on narrow ones, and its regex dialect is Python's where the two engines differ.
+    assert route(spec, BOTH) == ["llguidance", "xgrammar"]
+    assert route(spec, ["llguidance", "xgrammar"]) == ["llguidance", "xgrammar"]  # by rank, not enabled order
+
+
+@pytest.mark.parametrize("regex", [
+    "".join(f"[a-z]{{1,{i + 50}}}" for i in range(300)),  # llguidance: compiles, fails ~10 tokens in
+    "((x{1000}){1000}){1000}",  # llguidance: 1.3 s in its first mask, then fails
+    "a{1000000}",
+    "[a-z]{1," + "9" * 5000 + "}",  # more digits than int() reads
+])
+def test_regexes_with_heavy_counts_route_to_xgrammar_first(regex: str) -> None:
+    # llguidance builds their lexer at mask time, where nothing bounds it; xgrammar's compile has a deadline.
+    assert llguidance.heavy_counts(GrammarSpec.regex(regex))
+    assert route(GrammarSpec.regex(regex), BOTH) == ["xgrammar", "llguidance"]
+
+
+def test_heavy_counts_looks_at_regexes_only() -> None:
+    assert not llguidance.heavy_counts(GrammarSpec.lark("start: /a{5000}/"))
+    assert not llguidance.heavy_counts(GrammarSpec.regex("[a-z]{1,500}[0-9]{1,500}"))  # 1,000: not past it
+
+
+def test_a_yielded_spec_still_goes_before_unranked_backends() -> None:
+    spec = GrammarSpec.regex("a{5000}")
+    assert route(spec, ["plugin", "llguidance"]) == ["llguidance", "plugin"]
+
+
+@pytest.mark.parametrize("spec", [
+    GrammarSpec.choice(["a", "b"]),
     GrammarSpec.ebnf('root ::= "a"'),
     GrammarSpec.lark('start: "a"'),
 ])
-def test_non_schema_specs_use_the_default_order(spec: GrammarSpec) -> None:
+def test_grammars_and_choices_route_to_xgrammar_first(spec: GrammarSpec) -> None:
+    # Grammars: llguidance lexes terminals greedily, which changes (and can hang on) some grammars' languages;
+    # choices: xgrammar's masks measured cheaper (samplers/backends/xgrammar.py).
     assert route(spec, BOTH) == ["xgrammar", "llguidance"]
+    assert route(spec, ["llguidance", "xgrammar"]) == ["xgrammar", "llguidance"]
 
 
 def test_route_lists_only_available_backends_each_once() -> None:
@@ -105,8 +141,9 @@ def test_a_plugins_rank_puts_it_first_for_the_kinds_it_ranks() -> None:
 
 
 def test_a_backend_is_not_routed_a_kind_it_does_not_take() -> None:
-    spec = GrammarSpec.regex("a")
+    spec = GrammarSpec.ebnf('root ::= "a"')
     assert features.route(spec, ["chooser", *BOTH], with_chooser) == BOTH
+    assert features.route(GrammarSpec.regex("a"), ["chooser", *BOTH], with_chooser) == ["llguidance", "xgrammar"]
     assert features.route(spec, ["chooser"], with_chooser) == []
 
 
