@@ -107,8 +107,8 @@ FIELDS: tuple[FieldRule, ...] = (
               neutral=("medium",)),
     FieldRule("stream_options", OPENAI, IGN, "its one key, `include_obfuscation`, pads events against side "
               "channels", RESPONSES),
-    FieldRule("include", OPENAI, R, "extra output data (logprobs, encrypted reasoning) is not implemented",
-              RESPONSES, neutral=([],)),
+    FieldRule("include", OPENAI, H, "`message.output_text.logprobs` (each text token's logprob, with "
+              "`top_logprobs` alternatives); any other value is a 400 naming it", RESPONSES),
     FieldRule("store", OPENAI, R, "corral stores no response to fetch or continue later", RESPONSES,
               neutral=(False,)),
     FieldRule("previous_response_id", OPENAI, R, "corral keeps no state between requests; send the whole "
@@ -120,7 +120,8 @@ FIELDS: tuple[FieldRule, ...] = (
     FieldRule("reasoning", OPENAI, R, "the model does not reason", RESPONSES, neutral=({},)),
     FieldRule("truncation", OPENAI, R, "the input is never truncated; a long one is a 400", RESPONSES,
               neutral=("disabled",)),
-    FieldRule("top_logprobs", OPENAI, R, "logprobs are not implemented on this endpoint", RESPONSES, neutral=(0,)),
+    FieldRule("top_logprobs", OPENAI, H, "0..20 alternatives per token; asks for logprobs as `include` does",
+              RESPONSES),
     FieldRule("max_tool_calls", OPENAI, R, "a limit on hosted tool calls; corral has no hosted tools", RESPONSES),
     FieldRule("context_management", OPENAI, R, "server-side compaction is not implemented", RESPONSES),
     # -- OpenAI, completions only ---------------------------------------------------------------------------

@@ -524,7 +524,7 @@ def _error(answer: httpx.Response) -> dict[str, Any]:
     ({"conversation": "conv_0123456789"}, "conversation"),
     ({"conversation": {"id": "conv_0123456789"}}, "conversation"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
 ], ids=lambda value: value if isinstance(value, str) else None)
 def test_refused_field_is_a_400_naming_it(http: httpx.Client, fields: dict[str, Any], param: str) -> None:
     error = _error(post(http, **fields))
@@ -609,3 +609,32 @@ def test_chat_forced_call_with_response_format_is_accepted(
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
     if isinstance(tool_choice, dict):
         assert {call.function.name for call in calls} == {"get_time"}
+
+
+# -- logprobs ---------------------------------------------------------------------------------------------------
+def test_include_logprobs_gives_each_text_tokens_logprob(client: openai.OpenAI) -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: one entry per token of the text, whose
+    bytes spell it, each with at most that many alternatives, none likelier than greedy's own pick."""
+    resp = create(client, include=["message.output_text.logprobs"], top_logprobs=3, temperature=0,
+                  text={"format": PERSON_FORMAT}, max_output_tokens=60)
+    part = the_message(resp).content[0]
+    assert part.logprobs, part
+    assert b"".join(bytes(entry.bytes) for entry in part.logprobs).decode() == part.text
+    for entry in part.logprobs:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) <= 3
+        assert all(alt.logprob <= entry.logprob + 1e-4 for alt in entry.top_logprobs)
+
+
+def test_streamed_logprobs_match_the_deltas(client: openai.OpenAI) -> None:
+    with client.responses.stream(model=MODEL, input=PROMPT, include=["message.output_text.logprobs"],
+                                 max_output_tokens=40, extra_body={"seed": 0}) as stream:
+        deltas = [event for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    streamed = [entry for event in deltas for entry in event.logprobs]
+    text = final.output[0].content[0].text
+    assert b"".join(bytes(entry.bytes) for entry in streamed).decode() == text
+    assert [entry.token for entry in final.output[0].content[0].logprobs] == [entry.token for entry in streamed]
+
+
+def test_without_include_there_are_no_logprobs(client: openai.OpenAI) -> None:
+    assert the_message(create(client, max_output_tokens=10)).content[0].logprobs == []

@@ -50,6 +50,18 @@ def test_a_turn_with_text_and_calls_is_one_assistant_message_and_results_are_too
     ]
 
 
+@pytest.mark.parametrize(("fields", "logprobs", "top"), [
+    ({}, False, None),
+    ({"include": []}, False, None),
+    ({"include": ["message.output_text.logprobs"]}, True, None),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 4}, True, 4),
+    ({"top_logprobs": 2}, True, 2),
+])
+def test_logprobs_are_asked_by_include_or_top_logprobs(fields: dict[str, Any], logprobs: bool, top: int | None) -> None:
+    chat = chat_form(ResponsesRequest.model_validate({"input": "x", **fields})).request
+    assert (chat.logprobs, chat.top_logprobs) == (logprobs, top)
+
+
 def test_an_empty_tools_list_means_no_tools() -> None:
     chat = chat_form(ResponsesRequest.model_validate({"input": "x", "tools": [], "parallel_tool_calls": True})).request
     assert chat.tools is None and chat.tool_choice is None
@@ -85,6 +97,7 @@ def test_tools_format_and_budget_become_chat_fields() -> None:
     ({"input": "x", "tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice.type"),
     ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
     ({"input": "x", "text": {"format": {"type": "json_object", "schema": {}}}}, "text.format.schema"),
+    ({"input": "x", "include": ["message.output_text.logprobs", "file_search_call.results"]}, "include[1]"),
 ])
 def test_what_the_chat_path_cannot_read_is_a_400_naming_the_responses_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as caught:
@@ -97,7 +110,6 @@ def test_what_the_chat_path_cannot_read_is_a_400_naming_the_responses_field(body
     ({"input": "x", "store": True}, "store"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": "x", "max_tokens": 5}, "max_tokens"),  # chat's name, not this API's
 ])

@@ -14,11 +14,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from grammars.spec import GrammarKind
+from server.engine.logprobs import TokenLogprob
+from server.openai.choices import logprobs_body
 from server.openai.extras import response_extras
 from server.openai.finish import FinishReason, openai_finish_reason
 from server.openai.responses_api.request import ResponsesRequest
 from server.openai.tools import chat_message
-from server.serving import Finished
+from server.serving import Finished, Prepared
 
 
 @dataclass(frozen=True)
@@ -46,18 +49,30 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def message_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
+def message_item(
+    text: str, status: str, item_id: str | None = None, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     return {
         "type": "message",
         "id": item_id or new_id("msg"),
         "role": "assistant",
         "status": status,
-        "content": [text_part(text)],
+        "content": [text_part(text, logprobs)],
     }
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def text_logprobs(entries: list[TokenLogprob], prepared: Prepared, tokenizer: Any) -> list[dict[str, Any]]:
+    """`output_text.logprobs` for these tokens (chat's entries: token, logprob, bytes, top_logprobs); none when
+    the request did not ask, or when the answer is a tool-call answer (its text is not the tokens')."""
+    spec = prepared.constraint.spec
+    if spec is not None and spec.kind is GrammarKind.TOOL_CALLS:
+        return []
+    body = logprobs_body(entries, prepared, tokenizer, chat=True)
+    return list(body["content"]) if body else []
 
 
 def call_item(
@@ -73,7 +88,7 @@ def call_item(
     }
 
 
-def output_items(done: Finished, outcome: Outcome) -> list[dict[str, Any]]:
+def output_items(done: Finished, outcome: Outcome, tokenizer: Any) -> list[dict[str, Any]]:
     """The answer's items: its function calls (only when they passed the contract), else one message."""
     message = chat_message(done.text, done.check)
     calls = message.get("tool_calls")
@@ -82,7 +97,8 @@ def output_items(done: Finished, outcome: Outcome) -> list[dict[str, Any]]:
             call_item(c["function"]["name"], c["function"]["arguments"], outcome.item_status, call_id=c["id"])
             for c in calls
         ]
-    return [message_item(message["content"] or "", outcome.item_status)]
+    logprobs = text_logprobs(done.seq.logprobs, done.prepared, tokenizer)
+    return [message_item(message["content"] or "", outcome.item_status, logprobs=logprobs)]
 
 
 def usage(prompt_tokens: int, output_tokens: int) -> dict[str, Any]:

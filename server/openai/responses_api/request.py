@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from server.openai.fields import Endpoint, screen
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,6 +24,8 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(None, ge=1)
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
@@ -37,6 +41,9 @@ class ResponsesRequest(BaseModel):
     @classmethod
     def _screen(cls, data: Any) -> Any:
         return screen(data, cls.ENDPOINT)
+
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or ()) or bool(self.top_logprobs)
 
     def text_format(self) -> dict[str, Any] | None:
         """`text.format`, or None when absent (plain text)."""

@@ -36,4 +36,5 @@ async def respond_responses(frontend: OpenAIFrontend, req: ResponsesRequest) -> 
     if done.finish_reason == FinishReason.HUNG_STEP:
         raise ApiError(503, done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
     outcome = Outcome.of(done)
-    return JSONResponse(finished_body(base, done, outcome, output_items(done, outcome)))
+    output = output_items(done, outcome, service.loaded.tokenizer)
+    return JSONResponse(finished_body(base, done, outcome, output))

@@ -21,7 +21,15 @@ from typing import Any
 from server.errors import error_body
 from server.openai.choices import stream_choices
 from server.openai.finish import FinishReason
-from server.openai.responses_api.output import Outcome, call_item, finished_body, message_item, output_items, text_part
+from server.openai.responses_api.output import (
+    Outcome,
+    call_item,
+    finished_body,
+    message_item,
+    output_items,
+    text_logprobs,
+    text_part,
+)
 from server.openai.tools import ToolCallStream
 from server.serving import Finished, Prepared, Service
 
@@ -35,16 +43,17 @@ class StreamedItems:
         self.items: list[dict[str, Any]] = []
         self._calls: dict[int, int] = {}  # tool-call index in the answer -> output index
 
-    def on_piece(self, piece: dict[str, Any]) -> list[Event]:
-        """Events for one piece of a chat delta: `{"content": text}` or `{"tool_calls": [...]}`."""
+    def on_piece(self, piece: dict[str, Any], logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
+        """Events for one piece of a chat delta: `{"content": text}` (with its tokens' logprobs, if asked) or
+        `{"tool_calls": [...]}`."""
         if piece.get("content"):
-            return self._text(piece["content"])
+            return self._text(piece["content"], logprobs or [])
         events: list[Event] = []
         for call in piece.get("tool_calls") or []:
             events += self._call(call)
         return events
 
-    def _text(self, delta: str) -> list[Event]:
+    def _text(self, delta: str, logprobs: list[dict[str, Any]]) -> list[Event]:
         events: list[Event] = []
         if not self.items or self.items[-1]["type"] != "message":
             item = message_item("", "in_progress")
@@ -54,7 +63,7 @@ class StreamedItems:
             events.append(("response.content_part.added", {**self._where(item), "part": text_part("")}))
         item = self.items[-1]
         item["content"][0]["text"] += delta
-        events.append(("response.output_text.delta", {**self._where(item), "delta": delta, "logprobs": []}))
+        events.append(("response.output_text.delta", {**self._where(item), "delta": delta, "logprobs": logprobs}))
         return events
 
     def _call(self, call: dict[str, Any]) -> list[Event]:
@@ -124,7 +133,7 @@ def _done_events(item: dict[str, Any], index: int) -> list[Event]:
     part = item["content"][0]
     where = {"item_id": item["id"], "output_index": index, "content_index": 0}
     return [
-        ("response.output_text.done", {**where, "text": part["text"], "logprobs": []}),
+        ("response.output_text.done", {**where, "text": part["text"], "logprobs": part["logprobs"]}),
         ("response.content_part.done", {**where, "part": part}),
         ("response.output_item.done", {"output_index": index, "item": item}),
     ]
@@ -143,13 +152,15 @@ async def response_events(
     yield event("response.in_progress", {"response": base})
     items = StreamedItems()
     tools = ToolCallStream.of(prepared.constraint)
+    tokenizer = service.loaded.tokenizer
     done: Finished | None = None
     async with aclosing(stream_choices(service, [prepared])) as outputs:
         async for _, out in outputs:
             delta = out.delta or ""
             pieces = tools.feed(delta, final=out.finished) if tools else [{"content": delta}]
+            logprobs = text_logprobs(out.logprobs, prepared, tokenizer)
             for piece in pieces:
-                for kind, fields in items.on_piece(piece):
+                for kind, fields in items.on_piece(piece, logprobs):
                     yield event(kind, fields)
             if out.finished:
                 done = await service.off_loop(service.finish, prepared, out)
@@ -159,7 +170,7 @@ async def response_events(
         yield {"data": json.dumps(error)}
         return
     outcome = Outcome.of(done)
-    closing, output = items.close(output_items(done, outcome), outcome.item_status)
+    closing, output = items.close(output_items(done, outcome, tokenizer), outcome.item_status)
     for kind, fields in closing:
         yield event(kind, fields)
     final = finished_body(base, done, outcome, output)

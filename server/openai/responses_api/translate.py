@@ -5,7 +5,8 @@ parsing, constraint compile, routing, guard and output check.
   messages (text parts only), `function_call` items (an assistant's tool calls, merged into the assistant
   message before them) and `function_call_output` items (tool results).
 - `tools` are function tools in the Responses shape (`name` at the top); hosted tools are a 400 naming them.
-- `text.format` is chat's `response_format`; `max_output_tokens` is `max_completion_tokens`.
+- `text.format` is chat's `response_format`; `max_output_tokens` is `max_completion_tokens`; `include`'s
+  `message.output_text.logprobs` (or `top_logprobs`) is chat's `logprobs`.
 
 A 400 that the chat path raises names a chat field; `ChatForm.rename` turns it back into the Responses field
 the caller sent (`tools[0].function.name` -> `tools[0].name`, `messages[2]` -> `input[1]`).
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from server.errors import ApiError, bad_request
 from server.openai.fields import part_text, refuse_unknown_keys
 from server.openai.protocol import ChatCompletionRequest
-from server.openai.responses_api.request import ResponsesRequest
+from server.openai.responses_api.request import LOGPROBS_INCLUDE, ResponsesRequest
 
 MESSAGE_ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PARTS = frozenset({"input_text", "output_text"})
@@ -80,6 +81,8 @@ def chat_form(req: ResponsesRequest) -> ChatForm:
         "repetition_penalty": req.repetition_penalty,
         "max_revisions": req.max_revisions,
         "close_answers": req.close_answers,
+        "logprobs": _logprobs(req),
+        "top_logprobs": req.top_logprobs if req.wants_logprobs() else None,
     }
     if req.tools:
         body["parallel_tool_calls"] = req.parallel_tool_calls
@@ -172,6 +175,17 @@ def _output(item: dict[str, Any], param: str) -> str:
     if output is None:
         raise bad_request(f"{param}.output is required: the function's result", param=f"{param}.output")
     return _text(output, f"{param}.output")
+
+
+def _logprobs(req: ResponsesRequest) -> bool:
+    for index, value in enumerate(req.include or ()):
+        if value != LOGPROBS_INCLUDE:
+            raise bad_request(
+                f"include[{index}]: corral does not implement {value!r} (it includes {LOGPROBS_INCLUDE!r} only)",
+                param=f"include[{index}]",
+                code="unsupported_parameter",
+            )
+    return req.wants_logprobs()
 
 
 # -- tools and format -------------------------------------------------------------------------------------------
