@@ -17,6 +17,7 @@ from server.auth import ApiKeyMiddleware
 from server.errors import install_error_handlers
 from server.grammar_routes import grammar_routes
 from server.middleware import add_inner_middleware, add_outer_middleware
+from server.models.weight_count import weight_elements
 from server.openai.frontend import OpenAIFrontend
 from server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.openai.responses import respond
@@ -38,6 +39,9 @@ def create_app(service: Service) -> FastAPI:
         service.stop()
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan)
+    loaded = service.loaded
+    elements = weight_elements(loaded.path)
+    weight_bytes = elements * loaded.dtype.itemsize if elements is not None else None
     frontend = OpenAIFrontend(service)
     app.state.service = service
     app.state.frontend = frontend
@@ -77,6 +81,8 @@ def create_app(service: Service) -> FastAPI:
                     "created": 0,
                     "owned_by": "corral",
                     "max_model_len": service.engine.max_len,
+                    "dtype": str(loaded.dtype).removeprefix("torch."),
+                    "weight_bytes": weight_bytes,  # at the serving dtype: what one decode step reads
                 }
             ],
         }

@@ -102,6 +102,7 @@ def run_serve(args: argparse.Namespace, bench: Bench) -> int:
 
 
 def _print_report(bench: Bench, results: dict[str, Any]) -> None:
+    from benchmarks.serve.bandwidth import bandwidth_line
     from benchmarks.serve.report import COLUMNS, ratio_lines, table_rows
 
     peer = results.get("peer")
@@ -110,6 +111,7 @@ def _print_report(bench: Bench, results: dict[str, Any]) -> None:
                 left=("mode", "finish"))
     for line in ratio_lines(results["ratios"]):
         bench.console.print(line)
+    bench.console.print(bandwidth_line(results["bandwidth"]))
     schemas = results["schemas"]
     bench.console.print(f"schemas used {len(schemas['used'])} of {schemas['requested']} requested; refused (400) "
                         f"{len(schemas['refused'])}; other errors {len(schemas['errors'])}")

@@ -15,6 +15,7 @@ import httpx
 
 from benchmarks.harness import ServerBenchConfig, write_json
 from benchmarks.jsonschemabench.dataset import SchemaCase
+from benchmarks.serve.bandwidth import bandwidth_section, read_bandwidth
 from benchmarks.serve.client import Endpoint, make_client, run_level, send
 from benchmarks.serve.peer import resolve_peer_model
 from benchmarks.serve.report import throughput_plot
@@ -211,8 +212,10 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     # The peer is checked (and its model name found) first: an unreachable peer fails before corral starts.
     peer_model = (resolve_peer_model(config.peer_url, config.peer_model, config.peer_api_key)
                   if config.peer_url else None)
+    read_bytes_per_s = read_bandwidth()  # before any server runs here: nothing else reads memory
     with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
         driven = asyncio.run(drive(config, base_url, progress, peer_model))
+        served = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]
     selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
     if config.baseline:
@@ -234,6 +237,7 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
         "baseline": baseline,
         "peer": _peer_section(config, driven),
         "ratios": ratios,
+        "bandwidth": bandwidth_section(read_bytes_per_s, served, runs),
         "wall_s": time.perf_counter() - started,
         "machine": machine_notes(),
         "requests": [asdict(r) for r in driven.requests],

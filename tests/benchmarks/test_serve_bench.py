@@ -225,6 +225,13 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
         by_key["constrained", 2]["throughput_tok_s"] / baseline["throughput_tok_s"])
     assert ratios["compliance"]["value"] == 1.0
     assert len(results["schemas"]["used"]) == 3
+    # The TPOT floor: corral-tiny's weights at float32 over the read bandwidth measured in the same run.
+    bandwidth = results["bandwidth"]
+    assert bandwidth["dtype"] == "float32" and bandwidth["weight_bytes"] > 0 and bandwidth["read_gb_s"] > 0
+    floor = bandwidth["weight_bytes"] / (bandwidth["read_gb_s"] * 1e9) * 1000
+    assert bandwidth["limit_ms_per_token"] == pytest.approx(floor, rel=1e-2)
+    assert bandwidth["tpot_over_limit"]["unconstrained"] == pytest.approx(
+        by_key["unconstrained", 1]["tpot_ms_p50"] / bandwidth["limit_ms_per_token"], rel=1e-2)
 
     peer = results["peer"]
     assert (peer["url"], peer["model"], peer["constraint"]) == (server.base_url, "corral-tiny", "response_format")
@@ -244,3 +251,30 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
     answers = {(r["server"], r["mode"], r["concurrency"], r["case_id"]): r["text"] for r in requests}
     assert {k[1:]: v for k, v in answers.items() if k[0] == "peer"} == {
         k[1:]: v for k, v in answers.items() if k[0] == "corral"}
+
+
+def test_bandwidth_section_puts_concurrency_1_tpot_over_the_floor() -> None:
+    from benchmarks.serve.bandwidth import bandwidth_line, bandwidth_section
+
+    runs = [{"mode": "constrained", "concurrency": 1, "tpot_ms_p50": 30.0},
+            {"mode": "unconstrained", "concurrency": 1, "tpot_ms_p50": 50.0},
+            {"mode": "unconstrained", "concurrency": 8, "tpot_ms_p50": 90.0}]
+    section = bandwidth_section(10e9, {"weight_bytes": 200_000_000, "dtype": "float32"}, runs)
+    assert section["limit_ms_per_token"] == 20.0  # 0.2 GB at 10 GB/s
+    assert section["tpot_over_limit"] == {"constrained": 1.5, "unconstrained": 2.5}
+    assert "TPOT floor 20.00 ms" in bandwidth_line(section)
+    unknown = bandwidth_section(10e9, {"weight_bytes": None}, runs)
+    assert unknown["limit_ms_per_token"] is None and unknown["tpot_over_limit"] == {}
+    assert "no weight bytes" in bandwidth_line(unknown)
+
+
+def test_weight_elements_counts_every_tensor_once(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from server.models.weight_count import weight_elements
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model-1.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
+    assert weight_elements(tmp_path) == 12 + 5 + 8
+    assert weight_elements(tmp_path / "missing") is None
