@@ -2,7 +2,8 @@
 
 A mode is how the answer is constrained: `unconstrained` (free text), corral's backends through
 `structured_outputs: {json | choice, backend}`, or the field a peer takes (vLLM: `structured_outputs`;
-llama.cpp's llama-server: OpenAI's `response_format` json_schema, or its own top-level `json_schema`). A tool
+llama.cpp's llama-server: its own top-level `json_schema`, read on /v1/completions and chat alike, or OpenAI's
+`response_format` json_schema, which it reads on chat only and ignores on /v1/completions). A tool
 task always goes to /v1/chat/completions (tools exist only there): constrained modes require a call
 (`tool_choice: "required"`), unconstrained sends the same tools with `tool_choice: "none"`, so the prompt is
 the same and the answer is free text."""

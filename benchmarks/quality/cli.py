@@ -52,8 +52,8 @@ def add_quality_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                           help="the peer's model name (default: the first id its /v1/models lists)")
         peer.add_argument("--peer-constraint", choices=PEER_CONSTRAINTS, default="response_format",
                           help="how the peer is asked for the shape: OpenAI's response_format json_schema "
-                          "(llama.cpp's llama-server, default), structured_outputs (vLLM), or a top-level "
-                          "json_schema (llama-server's own)")
+                          "(default; llama-server reads it on chat only), structured_outputs (vLLM), or a "
+                          "top-level json_schema (llama-server's own, read on /v1/completions and chat alike)")
         peer.add_argument("--peer-api-key", default=None, metavar="KEY", help="bearer token for the peer")
 
 
@@ -98,4 +98,8 @@ def _print_report(bench: Bench, report: dict[str, Any]) -> None:
         if row["refused"] or row["errors"]:
             bench.console.print(f"{row['server']} {row['task']}/{row['mode']}: refused {row['refused']}, "
                                 f"errors {row['errors']} (messages in results.json)")
+        if row.get("unenforced"):
+            bench.console.print(f"{row['server']} {row['task']}/{row['mode']}: {row['unenforced']} of {row['items']} "
+                                "answers ended by themselves yet do not validate: the constraint was not enforced "
+                                "(a field the server ignores on this path, or a schema part its compiler dropped)")
     bench.wrote(*report["files"], wall_s=report["wall_s"])

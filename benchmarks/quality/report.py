@@ -13,6 +13,18 @@ from benchmarks.quality.answers import Answer
 # OpenAI's finish_reason for an answer the budget ended: cut (`length`), or closed early (`closed`, corral only).
 BUDGET = "length"
 CLOSED = "closed"
+UNCONSTRAINED = "unconstrained"
+# How a server says the answer ended by itself (not by the budget): a grammar that holds lets it end only valid.
+FINISHED = ("stop", "tool_calls")
+
+
+def unenforced(answer: Answer) -> bool:
+    """A constrained answer that ended by itself and does not validate: the server did not enforce (all of) the
+    shape — it ignored the field on this path (llama-server reads `response_format` on chat only), or its
+    grammar compiler dropped part of the schema (llama-server accepts any string for a `pattern` it cannot
+    convert)."""
+    return (answer.mode != UNCONSTRAINED and answer.status == "ok" and answer.finish_reason in FINISHED
+            and answer.corral_finish_reason in (None, *FINISHED) and not answer.valid)
 
 
 def _rate(count: int, total: int) -> float | None:
@@ -49,6 +61,7 @@ def summarise(answers: Sequence[Answer]) -> list[dict[str, Any]]:
             "closed": sum(a.corral_finish_reason == CLOSED for a in answered),
             "cut": sum(a.finish_reason == BUDGET and a.corral_finish_reason != CLOSED for a in answered),
             "overlong": sum(a.overlong for a in group),
+            "unenforced": sum(unenforced(a) for a in group),
             "backends": dict(Counter(a.backend for a in answered if a.backend).most_common()),
         })
     return rows

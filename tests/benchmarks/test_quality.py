@@ -183,6 +183,12 @@ def test_the_summary_counts_rates_tokens_and_finish_reasons() -> None:
     assert (auto["closed"], auto["cut"]) == (1, 1)
     assert rows["unconstrained"]["parse_rate"] == 0.0
     assert table_rows([auto])[0][:8] == ["corral", "person", "auto", "4", "50%", "50%", "50%", "50%"]
+    # A constrained answer that ended by itself and does not validate: the shape was not enforced (a cut one is
+    # not counted, nor free text).
+    assert auto["unenforced"] == 0 and rows["unconstrained"]["unenforced"] == 0
+    peer = [judge(PERSON, item, server="peer", mode="response_format", api="completions", reply=r) for r in
+            (_reply('Sure: {"name": "x"}', tokens=9), _reply(good, tokens=20), _reply("{", "length", tokens=128))]
+    assert summarise(peer)[0]["unenforced"] == 1
 
 
 # -- the command -------------------------------------------------------------------------------------------
