@@ -42,6 +42,9 @@ def create_app(service: Service) -> FastAPI:
     loaded = service.loaded
     elements = weight_elements(loaded.path)
     weight_bytes = elements * loaded.dtype.itemsize if elements is not None else None
+    read_bytes = getattr(loaded.model, "step_read_bytes", None)
+    if loaded.quantization != "none" and callable(read_bytes):  # what the quantized weights are, not the file
+        weight_bytes = int(read_bytes())
     frontend = OpenAIFrontend(service)
     app.state.service = service
     app.state.frontend = frontend
@@ -82,7 +85,8 @@ def create_app(service: Service) -> FastAPI:
                     "owned_by": "corral",
                     "max_model_len": service.engine.max_len,
                     "dtype": str(loaded.dtype).removeprefix("torch."),
-                    "weight_bytes": weight_bytes,  # at the serving dtype: what one decode step reads
+                    "quantization": loaded.quantization,
+                    "weight_bytes": weight_bytes,  # at the serving dtype (or quantized): what one decode step reads
                 }
             ],
         }

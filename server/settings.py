@@ -25,6 +25,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "dtype",
         "model_impl",
+        "quantization",
         "revision_token",
         "torch_threads",
     ),
@@ -97,6 +98,11 @@ class Settings(BaseSettings):
         "auto",
         description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
         "supported; on CPU only until it has run on CUDA)",
+    )
+    quantization: Literal["none", "int8", "int4"] = Field(
+        "none",
+        description="weight-only quantization of corral's decoder on CPU: int8 (per output channel) or int4 "
+        "(groups of 32), through torch's kernels; none keeps the serving dtype",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(

@@ -42,10 +42,12 @@ def bandwidth_section(read_bytes_per_s: float, model: dict[str, Any], runs: Sequ
         "read_gb_s": round(read_bytes_per_s / 1e9, 3),
         "weight_bytes": weight_bytes,
         "dtype": model.get("dtype"),
+        "quantization": model.get("quantization", "none"),
         "limit_ms_per_token": round(limit_ms, 3) if limit_ms else None,
         "tpot_over_limit": over,
-        "notes": "TPOT floor = weight bytes at the serving dtype ÷ the read bandwidth measured before the server "
-                 "ran; tpot_over_limit = the concurrency-1 run's TPOT p50 ÷ that floor (1.0 is the floor).",
+        "notes": "TPOT floor = weight bytes at the serving dtype (or as quantized) ÷ the read bandwidth measured "
+                 "before the server ran; tpot_over_limit = the concurrency-1 run's TPOT p50 ÷ that floor "
+                 "(1.0 is the floor).",
     }
 
 
@@ -53,6 +55,10 @@ def bandwidth_line(section: dict[str, Any]) -> str:
     if section.get("limit_ms_per_token") is None:
         return f"read bandwidth {section['read_gb_s']} GB/s; the server reported no weight bytes"
     over = ", ".join(f"{mode} {ratio:.2f}x" for mode, ratio in section["tpot_over_limit"].items())
+    quantization = section.get("quantization", "none")
+    held = section["dtype"]
+    if quantization not in (None, "none"):
+        held = f"{quantization} weights, {held} activations"
     return (f"read bandwidth {section['read_gb_s']} GB/s, weights {section['weight_bytes'] / 1e6:.1f} MB "
-            f"({section['dtype']}): TPOT floor {section['limit_ms_per_token']:.2f} ms; TPOT p50 at concurrency 1 = "
+            f"({held}): TPOT floor {section['limit_ms_per_token']:.2f} ms; TPOT p50 at concurrency 1 = "
             f"{over} the floor")

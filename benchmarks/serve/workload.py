@@ -47,18 +47,21 @@ def messages(case: SchemaCase) -> list[dict[str, str]]:
     return [{"role": "user", "content": text[:500]}]
 
 
-CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format")
+CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format", "json_schema")
 
 
 def constraint_fields(schema: Any, field: str, backend: str | None) -> dict[str, Any]:
     """The body fields that ask for `schema`: corral's and vLLM's `structured_outputs` (with `backend` when
-    given), vLLM's older `guided_json`, or OpenAI's `response_format` json_schema."""
+    given), vLLM's older `guided_json`, OpenAI's `response_format` json_schema, or llama.cpp llama-server's
+    own top-level `json_schema`."""
     if field == "structured_outputs":
         return {"structured_outputs": {"json": schema, **({"backend": backend} if backend else {})}}
     if field == "guided_json":
         return {"guided_json": schema}
     if field == "response_format":
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}}
+    if field == "json_schema":
+        return {"json_schema": schema}
     raise ValueError(f"constraint field must be one of {', '.join(CONSTRAINT_FIELDS)}, got {field!r}")
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
 from server.models.projection import Projection
+from server.models.quantized_projection import Quantization, QuantizedProjection, head_quantization, quantizable
 from server.models.split_projection import head_projection
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,10 @@ def rope_frequencies(config: Any, head_dim: int, layer_type: str | None = None) 
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     init = ROPE_INIT_FUNCTIONS[rope_type]
-    if layer_type is not None and isinstance(getattr(config, "rope_parameters", None), dict) and all(
-        isinstance(v, dict) for v in config.rope_parameters.values()
+    if (
+        layer_type is not None
+        and isinstance(getattr(config, "rope_parameters", None), dict)
+        and all(isinstance(v, dict) for v in config.rope_parameters.values())
     ):
         inv_freq, scale = init(config, torch.device("cpu"), layer_type=layer_type)
     else:
@@ -172,8 +175,16 @@ def rope_frequencies(config: Any, head_dim: int, layer_type: str | None = None) 
     return inv_freq.float(), float(scale)
 
 
+def _projection(
+    weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
+) -> Projection | QuantizedProjection:
+    if quantizable(weight, quantization):
+        return QuantizedProjection(weight, bias, quantization)
+    return Projection(weight, bias)
+
+
 class _Layer(torch.nn.Module):
-    def __init__(self, weights: dict[str, torch.Tensor], shape: DecoderShape) -> None:
+    def __init__(self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization) -> None:
         super().__init__()
 
         def param(t: torch.Tensor) -> torch.nn.Parameter:
@@ -189,8 +200,8 @@ class _Layer(torch.nn.Module):
         if any(b is not None for b in biases) and not all(b is not None for b in biases):
             raise ValueError("the checkpoint has biases on some but not all of q/k/v")
         qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
-        self.qkv = Projection(qkv, qkv_bias)
-        self.o = Projection(weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias"))
+        self.qkv = _projection(qkv, qkv_bias, quantization)
+        self.o = _projection(weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias"), quantization)
         has_qk_norm = "self_attn.q_norm.weight" in weights and "self_attn.k_norm.weight" in weights
         if shape.qk_norm and not has_qk_norm:
             raise ValueError("the checkpoint has no q_norm/k_norm weights, which this architecture needs")
@@ -205,8 +216,8 @@ class _Layer(torch.nn.Module):
         gate_up = torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")])
         gate_b, up_b = weights.get("mlp.gate_proj.bias"), weights.get("mlp.up_proj.bias")
         gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
-        self.gate_up = Projection(gate_up, gate_up_bias)
-        self.down = Projection(weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias"))
+        self.gate_up = _projection(gate_up, gate_up_bias, quantization)
+        self.down = _projection(weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias"), quantization)
 
 
 def _norm_gain(weight: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
@@ -230,22 +241,26 @@ class LlamaFamilyModel(torch.nn.Module):
         weights: dict[str, torch.Tensor],
         ropes: Mapping[str, tuple[torch.Tensor, float]],
         config: Any,
+        quantization: Quantization = "none",
     ) -> None:
-        """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies)."""
+        """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies).
+        quantization: the projections' and head's weight-only quantization (server/models/quantized_projection.py)."""
         super().__init__()
         self.shape = shape
+        self.quantization = quantization
         self.config = config  # the transformers config, for metadata (vocab, eos ids, context length)
         self.embed = torch.nn.Parameter(weights.pop("model.embed_tokens.weight"), requires_grad=False)
         self.layers = torch.nn.ModuleList()
         for i in range(shape.num_layers):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
-            self.layers.append(_Layer(own, shape))
+            self.layers.append(_Layer(own, shape, quantization))
         self.norm = torch.nn.Parameter(_norm_gain(weights.pop("model.norm.weight"), shape), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
-        # grammar-restricted row computes its few allowed logits from it (restricted_logits).
-        self.head = head_projection(self.embed if head is None else head)
+        # grammar-restricted row computes its few allowed logits from it (restricted_logits). A quantized
+        # head computes them from its own quantized values instead.
+        self.head = head_projection(self.embed if head is None else head, head_quantization(quantization))
         # The scale as a tensor of the model's dtype: the embedding is multiplied in that dtype, as trained.
         self.embed_scale: torch.Tensor
         self.register_buffer("embed_scale", torch.tensor(shape.embed_scale, dtype=self.embed.dtype), persistent=False)
@@ -254,9 +269,20 @@ class LlamaFamilyModel(torch.nn.Module):
         self.inv_freqs = [ropes[t][0].to(self.embed.device) for t in self.rope_types]
         self.rope_scales = [ropes[t][1] for t in self.rope_types]
 
-    def rope(
-        self, positions: torch.Tensor, dtype: torch.dtype, table: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_read_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every projection and the head (the embedding only a row)."""
+        projections: list[Any] = [self.head]
+        for layer in self.layers:
+            assert isinstance(layer, _Layer)
+            projections += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        total = 0
+        for projection in projections:
+            for part in getattr(projection, "parts", [projection]):
+                quantized = isinstance(part, QuantizedProjection)
+                total += part.weight_bytes if quantized else part.out_features * part.in_features * self.embed.itemsize
+        return total
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, head_dim] for the tokens' absolute positions (computed in float32, as trained)."""
         freqs = positions[:, None].float() * self.inv_freqs[table][None, :]
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
@@ -329,7 +355,9 @@ class LlamaFamilyModel(torch.nn.Module):
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_llama_family(model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device) -> LlamaFamilyModel:
+def load_llama_family(
+    model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device, quantization: Quantization = "none"
+) -> LlamaFamilyModel:
     """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint."""
     shape = decoder_shape(config)
     weights = {
@@ -343,7 +371,7 @@ def load_llama_family(model_dir: Path, config: Any, dtype: torch.dtype, device: 
         raise ValueError("the checkpoint has no lm_head.weight and its config does not tie it to the embedding")
     ropes = {t: rope_frequencies(config, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
     try:
-        model = LlamaFamilyModel(shape, weights, ropes, config)
+        model = LlamaFamilyModel(shape, weights, ropes, config, quantization)
     except KeyError as exc:
         raise ValueError(f"the checkpoint lacks weight {exc}") from exc
     unused = [k for k in weights if not k.startswith("model.layers.")]

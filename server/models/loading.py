@@ -12,6 +12,7 @@ import torch
 
 from server.models.builtin import UnresolvedModel, resolve_model
 from server.models.default_model import REVISE
+from server.models.quantized_projection import QUANTIZATIONS, Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     impl: str = "transformers"  # which decoder runs it: "corral" (server/models/llama_family.py) or "transformers"
+    quantization: str = "none"  # the decoder's weight-only quantization (server/models/quantized_projection.py)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class ModelOptions:
     revision_token: str | None = None
     model_impl: str = "auto"
     chat_template: Path | None = None
+    quantization: str = "none"
 
 
 def load_model(
@@ -76,12 +79,14 @@ def load_model(
     revision_token: str | None = None,
     model_impl: str = "auto",
     chat_template: Path | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer. `model`: a built-in name (server/models/builtin.py; None is the
     default, gemma-3-270m), a local checkpoint directory, or a .gguf file (converted once into the cache).
 
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
-    architecture). chat_template: a Jinja file that replaces the model's own template."""
+    architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "none",
+    "int8" or "int4" weight-only quantization of corral's decoder (CPU only)."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = _read_chat_template(chat_template) if chat_template is not None else None
@@ -99,10 +104,11 @@ def load_model(
     # Checked before the (slow) weight load so a bad flag fails fast.
     revision_token_id = _revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, torch_device)
+    quantized = _check_quantization(quantization, impl, torch_device)
 
     network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
     if impl == "corral":
-        network = _load_corral(model_dir, config, dtype_arg, torch_device)
+        network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized)
     else:
         network = _load_transformers(model_dir, config, dtype_arg, torch_device)
 
@@ -123,6 +129,7 @@ def load_model(
         device=torch_device,
         dtype=next(network.parameters()).dtype,
         impl=impl,
+        quantization=quantized,
     )
 
 
@@ -154,7 +161,24 @@ def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
     return "transformers"
 
 
-def _load_corral(model_dir: Path, config: Any, dtype: torch.dtype | str, device: torch.device) -> Any:
+def _check_quantization(quantization: str, impl: str, device: torch.device) -> Quantization:
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"Unknown quantization {quantization!r}; choose {', '.join(QUANTIZATIONS)}.")
+    if quantization != "none" and impl != "corral":
+        raise ModelLoadError(
+            f"--quantization {quantization} needs corral's own decoder (Llama family, Gemma 3), which does not "
+            "serve this model here; use --quantization none."
+        )
+    if quantization != "none" and device.type != "cpu":
+        raise ModelLoadError(
+            f"--quantization {quantization} runs torch's CPU kernels; on {device.type} use --quantization none."
+        )
+    return quantization
+
+
+def _load_corral(
+    model_dir: Path, config: Any, dtype: torch.dtype | str, device: torch.device, quantization: Quantization
+) -> Any:
     from server.models.checkpoint import CheckpointError
     from server.models.llama_family import load_llama_family
 
@@ -164,7 +188,7 @@ def _load_corral(model_dir: Path, config: Any, dtype: torch.dtype | str, device:
         dtype = saved if isinstance(saved, torch.dtype) else _DTYPES.get(str(saved), torch.float32)
     assert isinstance(dtype, torch.dtype)
     try:
-        model = load_llama_family(model_dir, text_config, dtype, device)
+        model = load_llama_family(model_dir, text_config, dtype, device, quantization)
     except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
     return model

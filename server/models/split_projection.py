@@ -19,8 +19,10 @@ from collections.abc import Callable
 import torch
 
 from server.models.projection import Projection
+from server.models.quantized_projection import Quantization, QuantizedProjection, quantizable
 
 SPLIT_MIN_ELEMENTS = 1 << 22  # the default model's head (128,257 × 64) has 8.2 M
+SHARE_SINGLE_ROW_MIN_ELEMENTS = 1 << 26  # Gemma 3's head (262,144 × 640) has 168 M
 _PARTS = 2
 
 
@@ -54,7 +56,13 @@ def _shared_helper() -> _Helper:
 class _Slices:
     """One call's slices: whoever claims a slice computes it into `out`; `done` when all are in."""
 
-    def __init__(self, parts: list[Projection], bounds: list[tuple[int, int]], x: torch.Tensor, out: torch.Tensor):
+    def __init__(
+        self,
+        parts: list[Projection | QuantizedProjection],
+        bounds: list[tuple[int, int]],
+        x: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         self.parts, self.bounds, self.x, self.out = parts, bounds, x, out
         self._next = 0
         self._left = len(parts)
@@ -89,15 +97,24 @@ class _Slices:
 class SplitProjection:
     """A `Projection` over [out_features, in_features] held as `_PARTS` slices of the output axis."""
 
-    def __init__(self, weight: torch.Tensor, *, keep_plain: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, *, keep_plain: bool = False, quantization: Quantization = "none") -> None:
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         size = -(-self.out_features // _PARTS)
         self.bounds = [(lo, min(lo + size, self.out_features)) for lo in range(0, self.out_features, size)]
-        # Slices are views: each part packs its own (the packed copies together are one weight's worth),
-        # and a part that keeps its plain weight keeps a view of this one.
-        self.parts = [Projection(weight[lo:hi], keep_plain=keep_plain) for lo, hi in self.bounds]
+        # Slices are views: each part packs (or quantizes) its own (the copies together are one weight's
+        # worth), and a part that keeps its plain weight keeps a view of this one.
+        self.parts: list[Projection | QuantizedProjection]
+        if quantization == "none":
+            self.parts = [Projection(weight[lo:hi], keep_plain=keep_plain) for lo, hi in self.bounds]
+        else:
+            self.parts = [QuantizedProjection(weight[lo:hi], None, quantization) for lo, hi in self.bounds]
+            keep_plain = False  # `select` reads the quantized parts: the logits the full projection gives
         self._plain = weight if keep_plain else None
         self._cores = os.cpu_count() or 1
+        # A head as large as Gemma 3's takes 30-130 ms for one row on one core: a second core pays for the
+        # handoff many times over (measured on its 262,144 x 640 head, one row: float32 128 -> 70 ms, int8
+        # 80 -> 36, int4 30 -> 15).
+        self._share_single_row = weight.numel() >= SHARE_SINGLE_ROW_MIN_ELEMENTS
 
     @property
     def packed(self) -> bool:
@@ -105,13 +122,21 @@ class SplitProjection:
 
     def shares_work(self, rows: int) -> bool:
         """Whether a call now hands slices to the helper thread: torch on one thread, another core, and
-        more than one row (a single row measured slower shared: 1.4 ms against 1.1, the handoff and
-        two half-size memory-bound products cost more than they save)."""
-        return rows > 1 and torch.get_num_threads() == 1 and self._cores >= 2
+        more than one row or a very large head (a single row through the default tiny model's head measured
+        slower shared: 1.4 ms against 1.1, the handoff and two half-size memory-bound products cost more
+        than they save)."""
+        wide_enough = rows > 1 or self._share_single_row
+        return wide_enough and torch.get_num_threads() == 1 and self._cores >= 2
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] == 1 and self._plain is not None and not self.parts[0].uses_packed(1):
+        first = self.parts[0]
+        if (
+            flat.shape[0] == 1
+            and self._plain is not None
+            and isinstance(first, Projection)
+            and not first.uses_packed(1)
+        ):
             return torch.nn.functional.linear(x, self._plain)  # as Projection computes such a row
         out = torch.empty((*x.shape[:-1], self.out_features), dtype=x.dtype, device=x.device)
         slices = _Slices(self.parts, self.bounds, flat, out.view(-1, self.out_features))
@@ -124,14 +149,24 @@ class SplitProjection:
         return out
 
     def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        """As `Projection.select` (needs `keep_plain`)."""
-        assert self._plain is not None, "select needs the plain weight: build the projection with keep_plain"
-        return (self._plain.index_select(0, columns) * x.index_select(0, rows)).sum(-1)
+        """As `Projection.select` (needs `keep_plain`, or quantized parts)."""
+        if self._plain is not None:
+            return (self._plain.index_select(0, columns) * x.index_select(0, rows)).sum(-1)
+        values = torch.empty(len(columns), dtype=x.dtype, device=x.device)
+        for part, (lo, hi) in zip(self.parts, self.bounds, strict=True):
+            mine = ((columns >= lo) & (columns < hi)).nonzero().flatten()
+            if len(mine):
+                values[mine] = part.select(x, rows.index_select(0, mine), columns.index_select(0, mine) - lo)
+        return values
 
 
-def head_projection(weight: torch.Tensor) -> Projection | SplitProjection:
-    """The output head: split where it is large and on CPU, else one `Projection`. Keeps the plain weight
-    (the grammar-restricted head selects rows of it)."""
+def head_projection(
+    weight: torch.Tensor, quantization: Quantization = "none"
+) -> Projection | SplitProjection | QuantizedProjection:
+    """The output head: split where it is large and on CPU, else one projection. Keeps the plain weight
+    unless quantized (the grammar-restricted head selects rows of it)."""
     if weight.device.type == "cpu" and weight.numel() >= SPLIT_MIN_ELEMENTS:
-        return SplitProjection(weight, keep_plain=True)
+        return SplitProjection(weight, keep_plain=True, quantization=quantization)
+    if quantizable(weight, quantization):
+        return QuantizedProjection(weight, None, quantization)
     return Projection(weight, keep_plain=True)
