@@ -99,10 +99,12 @@ class Settings(BaseSettings):
         description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
         "supported; on CPU only until it has run on CUDA)",
     )
-    quantization: Literal["none", "int8", "int4"] = Field(
-        "none",
-        description="weight-only quantization of corral's decoder on CPU: int8 (per output channel) or int4 "
-        "(groups of 32), through torch's kernels; none keeps the serving dtype",
+    quantization: Literal["auto", "none", "int8", "int4", "w8a8"] = Field(
+        "auto",
+        description="quantization of corral's decoder on CPU, through torch's kernels: int8 weights (per output "
+        "channel), int4 weights (groups of 32, int8 head), or w8a8 (int8 weights and inputs, fbgemm); none keeps "
+        "the serving dtype; auto: int8 for a model converted from a GGUF (the built-in gemma-3-270m, FILE.gguf), "
+        "else none",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(

@@ -58,7 +58,7 @@ def bandwidth_line(section: dict[str, Any]) -> str:
     quantization = section.get("quantization", "none")
     held = section["dtype"]
     if quantization not in (None, "none"):
-        held = f"{quantization} weights, {held} activations"
+        held = f"{quantization} quantization, {held} elsewhere"
     return (f"read bandwidth {section['read_gb_s']} GB/s, weights {section['weight_bytes'] / 1e6:.1f} MB "
             f"({held}): TPOT floor {section['limit_ms_per_token']:.2f} ms; TPOT p50 at concurrency 1 = "
             f"{over} the floor")

@@ -39,6 +39,7 @@ class UnresolvedModel(Exception):
 class ResolvedModel:
     path: Path  # a checkpoint directory
     name: str  # the id /v1/models reports
+    from_gguf: bool = False  # converted from a GGUF file, whose weights were (usually) quantized already
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -96,11 +97,11 @@ def resolve_model(spec: str | Path | None, dtype: torch.dtype) -> ResolvedModel:
     if spec is None:
         spec = DEFAULT_MODEL
     if isinstance(spec, str) and spec in BUILTINS:
-        return ResolvedModel(BUILTINS[spec](dtype), spec)
+        return ResolvedModel(BUILTINS[spec](dtype), spec, from_gguf=spec == GEMMA)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         try:
-            return ResolvedModel(_gguf_file(path, dtype), path.stem)
+            return ResolvedModel(_gguf_file(path, dtype), path.stem, from_gguf=True)
         except GGUFError as exc:
             raise UnresolvedModel(str(exc)) from exc
     if not path.exists() and isinstance(spec, str) and "/" not in spec and not spec.endswith(".gguf"):

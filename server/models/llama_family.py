@@ -28,7 +28,13 @@ import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
 from server.models.projection import Projection
-from server.models.quantized_projection import Quantization, QuantizedProjection, head_quantization, quantizable
+from server.models.quantized_projection import (
+    Quantization,
+    QuantizedProjection,
+    head_quantization,
+    layer_quantization,
+    quantizable,
+)
 from server.models.split_projection import head_projection
 
 log = logging.getLogger(__name__)
@@ -254,7 +260,7 @@ class LlamaFamilyModel(torch.nn.Module):
         for i in range(shape.num_layers):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
-            self.layers.append(_Layer(own, shape, quantization))
+            self.layers.append(_Layer(own, shape, layer_quantization(quantization)))
         self.norm = torch.nn.Parameter(_norm_gain(weights.pop("model.norm.weight"), shape), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from server.models import split_projection
-from server.models.quantized_projection import INT4_GROUP, QuantizedProjection, head_quantization, quantizable
+from server.models.quantized_projection import (
+    INT4_GROUP,
+    QuantizedProjection,
+    head_quantization,
+    layer_quantization,
+    quantizable,
+)
 from server.models.split_projection import SplitProjection, head_projection
 
 
@@ -26,26 +32,35 @@ def _weight(out_features: int, in_features: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_kernel_output_is_the_dequantized_weight_times_the_bfloat16_input(quantization: str) -> None:
+# w8a8 also rounds the input to 7 bits per call: a looser bound (a full-range input measured 22 % off on AVX2).
+_INPUT_ERROR = {"int8": 2e-2, "int4": 2e-2, "w8a8": 8e-2}
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
+def test_kernel_output_is_the_dequantized_weight_times_the_input(quantization: str) -> None:
     weight, bias = _weight(300, 128), torch.randn(300)
     projection = QuantizedProjection(weight, bias, quantization)  # type: ignore[arg-type]
     x = torch.randn(5, 128)
     dequantized = projection.dequantized_rows(torch.arange(300))
-    expected = x.to(torch.bfloat16).float() @ dequantized.T + bias
-    # The kernels accumulate in their own order and round the output to bfloat16 before it is widened.
-    torch.testing.assert_close(projection(x), expected, rtol=1e-2, atol=2e-2)
+    inputs = x if quantization == "w8a8" else x.to(torch.bfloat16).float()
+    expected = inputs @ dequantized.T + bias
+    # The weight-only kernels accumulate in their own order and round the output to bfloat16 before widening it.
+    torch.testing.assert_close(projection(x), expected, rtol=1e-2, atol=_INPUT_ERROR[quantization])
     assert projection(x).dtype == torch.float32 and projection(x[None]).shape == (1, 5, 300)
 
 
-@pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.12)])
+@pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.12), ("w8a8", 0.01)])
 def test_quantized_weights_stay_close_to_the_original(quantization: str, tolerance: float) -> None:
     weight = _weight(256, 256, seed=1)
     projection = QuantizedProjection(weight, None, quantization)  # type: ignore[arg-type]
     error = (projection.dequantized_rows(torch.arange(256)) - weight).norm() / weight.norm()
     assert error < tolerance, error  # int8 per channel: ~0.5 %; int4 in groups of 32: ~8 % on Gaussian weights
     # Codes, plus a bfloat16 scale per output (int8) or a scale and offset per 32 weights (int4: 5 bits a weight).
-    expected = 256 * 256 + 256 * 2 if quantization == "int8" else 256 * 256 // 2 + 256 * 256 // INT4_GROUP * 4
+    expected = {
+        "int8": 256 * 256 + 256 * 2,
+        "w8a8": 256 * 256 + 256 * 4,  # float32 scales, as fbgemm takes them
+        "int4": 256 * 256 // 2 + 256 * 256 // INT4_GROUP * 4,
+    }[quantization]
     assert projection.weight_bytes == expected
 
 
@@ -63,16 +78,17 @@ def test_int4_keeps_each_group_s_extremes_exactly() -> None:
     torch.testing.assert_close(projection.dequantized_rows(torch.arange(64)), weight, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
 def test_select_gives_the_logits_the_full_projection_gives(quantization: str) -> None:
     projection = QuantizedProjection(_weight(500, 64), None, quantization)  # type: ignore[arg-type]
     x = torch.randn(3, 64)
     rows, columns = torch.tensor([0, 0, 2, 1]), torch.tensor([7, 499, 0, 250])
     full = projection(x)
-    torch.testing.assert_close(projection.select(x, rows, columns), full[rows, columns], rtol=1e-2, atol=1e-2)
+    error = _INPUT_ERROR[quantization] / 2  # w8a8's select reads the input unrounded
+    torch.testing.assert_close(projection.select(x, rows, columns), full[rows, columns], rtol=1e-2, atol=error)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
 def test_a_quantized_split_head_equals_its_parts_and_selects_across_them(one_thread: None, quantization: str) -> None:
     weight = _weight(9_001, 64, seed=4)
     split = SplitProjection(weight, keep_plain=True, quantization=quantization)  # type: ignore[arg-type]
@@ -82,11 +98,13 @@ def test_a_quantized_split_head_equals_its_parts_and_selects_across_them(one_thr
     for part, (lo, hi) in zip(split.parts, split.bounds, strict=True):
         assert torch.equal(out[:, lo:hi], part(x))
     rows, columns = torch.tensor([0, 3, 1, 2]), torch.tensor([0, 4_500, 4_501, 9_000])
-    torch.testing.assert_close(split.select(x, rows, columns), out[rows, columns], rtol=1e-2, atol=1e-2)
+    error = _INPUT_ERROR[quantization] / 2
+    torch.testing.assert_close(split.select(x, rows, columns), out[rows, columns], rtol=1e-2, atol=error)
 
 
-def test_an_int4_model_keeps_an_int8_head() -> None:
-    assert [head_quantization(q) for q in ("none", "int8", "int4")] == ["none", "int8", "int8"]
+def test_int4_keeps_an_int8_head_and_w8a8_int8_layers() -> None:
+    assert [head_quantization(q) for q in ("none", "int8", "int4", "w8a8")] == ["none", "int8", "int8", "w8a8"]
+    assert [layer_quantization(q) for q in ("none", "int8", "int4", "w8a8")] == ["none", "int8", "int4", "int8"]
 
 
 def test_what_cannot_be_quantized_stays_a_plain_projection() -> None:

@@ -273,7 +273,7 @@ def test_model_impl_corral_refuses_other_architectures(tmp_path: Path, cache_roo
         load_model(model_dir, device="cpu", model_impl="vllm")
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
 def test_quantized_decoder_tracks_the_float_one(cache_root: Path, default: LoadedModel, quantization: str) -> None:
     """Weight-only quantization changes the logits by rounding only: the same most likely tokens, close values."""
     from server.engine.model_runner import ForwardRow, ModelRunner
