@@ -182,7 +182,8 @@ def _real_checkpoint() -> Checkpoint:
 
     from server.models import load_model
 
-    real = load_model(REAL, device="cpu", dtype="float32", model_impl="corral")
+    # The float decoder against transformers' (quantized serving is checked in test_quantized_projection.py).
+    real = load_model(REAL, device="cpu", dtype="float32", model_impl="corral", quantization="none")
     reference = AutoModelForCausalLM.from_pretrained(real.path, dtype=torch.float32, attn_implementation="sdpa")
     assert type(reference).__name__ == "Gemma3ForCausalLM" and real.vocab_size == 262_144
     return Checkpoint(reference.eval(), real, REAL_TOLERANCE)
