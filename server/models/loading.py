@@ -58,7 +58,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     impl: str = "transformers"  # which decoder runs it: "corral" (server/models/llama_family.py) or "transformers"
-    quantization: str = "none"  # the decoder's weight-only quantization (server/models/quantized_projection.py)
+    quantization: str = "none"  # the decoder's quantization (server/models/quantized_projection.py)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def load_model(
 
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
     architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "none",
-    "int8" or "int4" weight-only quantization of corral's decoder (CPU only), or "auto": int8 where that
-    applies and the weights came from a GGUF, else none."""
+    "int8", "int4" or "w8a8" (server/models/quantized_projection.py) for corral's decoder (CPU only), or
+    "auto": int8 where that applies and the weights came from a GGUF, else none."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = _read_chat_template(chat_template) if chat_template is not None else None
@@ -166,7 +166,7 @@ def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
 
 def _check_quantization(quantization: str, impl: str, device: torch.device, from_gguf: bool) -> Quantization:
     if quantization == "auto":
-        # int8 per output channel measured accuracy-neutral on Gemma 3 270M (docs/models.md) and 1.5x faster
+        # int8 per output channel measured accuracy-neutral on Gemma 3 270M (docs/models.md) and 1.4x faster
         # per token; a GGUF's weights were rounded to 4-8 bits already, a safetensors checkpoint's were not.
         applies = from_gguf and impl == "corral" and device.type == "cpu"
         return AUTO_QUANTIZATION if applies else "none"

@@ -1,4 +1,4 @@
-"""Weight-only quantized projections on CPU, through torch's own int8 and int4 kernels.
+"""Quantized projections on CPU, through torch's own int8 and int4 kernels (and fbgemm's integer one for w8a8).
 
 A decode step of a model like Gemma 3 270M reads every weight once per token; at float32 that is 1.07 GB,
 and a CPU core reads ~11 GB/s. Storing the weights in 8 or 4 bits and widening them inside the matmul cuts
