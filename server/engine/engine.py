@@ -137,6 +137,10 @@ class Engine:
         live, stuck = self.structured.apply(logits, batch, settled)
         for row in stuck:
             self._revise(batch[row], Trip.DEAD_END)
+        # A restricted row's logits are already exact; the others' best few (and the alternatives they report)
+        # are made so before the pick.
+        rounded = [row for row in live if row not in settled.restricted]
+        self.runner.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
         return live
 
     def _sample(self, batch: list[Sequence], live: list[int], logits: torch.Tensor, settled: SettledMasks) -> None:

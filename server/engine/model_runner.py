@@ -47,6 +47,8 @@ class _Forward(Protocol):
 
     def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor: ...
 
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None: ...
+
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, *, max_batch: int, max_len: int, prefix_cache: bool = True) -> None:
@@ -77,6 +79,12 @@ class ModelRunner:
             self.prefix.written(row.slot, row.start, row.tokens)
         return logits
 
+    @torch.inference_mode()
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        """After masking the last forward's `logits`: recompute exactly, in place, the given rows' logits
+        near their best (down to the depths[i]-th) where the head rounds them (server/models/logit_refinement.py)."""
+        self._impl.refine(logits, rows, depths)
+
 
 class PackedForward:
     """corral's decoder: all rows' new tokens in one [T, hidden] pack; attention per slot, in place."""
@@ -100,6 +108,7 @@ class PackedForward:
         # On CPU the vocabulary projection is most of a step, and a grammar often allows a few hundred of
         # its rows. On CUDA the whole projection is one cheap kernel; gathers per row would cost more.
         self.restricts_head = device.type == "cpu"
+        self._hidden: torch.Tensor | None = None
 
     def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
         counts = [len(r.tokens) for r in rows]
@@ -109,8 +118,13 @@ class PackedForward:
         positions = plan.write_index % self.cache.max_len
         last = torch.tensor(counts, device=self.device).cumsum(0) - 1
         hidden = self.model.hidden(input_ids, positions, last, self.cache)
+        self._hidden = hidden  # for `refine`, which the engine calls once the step's masks are applied
         allowed = restrict() if restrict is not None and self.restricts_head else {}
         return self.model.restricted_logits(hidden, allowed)
+
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        if self._hidden is not None:
+            self.model.refine(logits, self._hidden, rows, depths)
 
 
 class TransformersForward:
@@ -161,6 +175,9 @@ class TransformersForward:
             if out[i] is None:
                 out[i] = self._run([row])[0]
         return torch.stack([t for t in out if t is not None])
+
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        """transformers' heads return their logits unrounded (float32 on CPU): nothing to refine."""
 
     def _run(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
         lengths = [len(r.tokens) for r in rows]

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
+from server.models.logit_refinement import refine_near_top
 from server.models.projection import Projection
 from server.models.quantized_projection import (
     Quantization,
@@ -35,7 +36,7 @@ from server.models.quantized_projection import (
     layer_quantization,
     quantizable,
 )
-from server.models.split_projection import head_projection
+from server.models.split_projection import SplitProjection, head_projection
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,12 @@ class LlamaFamilyModel(torch.nn.Module):
         if len(columns):
             logits[rows, columns] = self.head.select(hidden, rows, columns).float()
         return logits
+
+    def refine(self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
+        head's kernel rounds them (server/models/logit_refinement.py); `hidden` gave `logits`."""
+        if isinstance(self.head, (SplitProjection, QuantizedProjection)):
+            refine_near_top(self.head, logits, hidden, rows, depths)
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

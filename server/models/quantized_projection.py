@@ -103,6 +103,12 @@ class QuantizedProjection:
     def packed(self) -> bool:
         return True
 
+    @property
+    def rounds_outputs(self) -> bool:
+        """Whether outputs come back rounded to bfloat16 (int8, int4), so that `select` is the exact value
+        (server/models/logit_refinement.py); w8a8's integer product returns float32."""
+        return self._mode != "w8a8"
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._mode == "w8a8":
             # The input is rounded to 7 bits with one scale for the call (fbgemm's dynamic linear, reduced range):

@@ -120,6 +120,11 @@ class SplitProjection:
     def packed(self) -> bool:
         return all(part.packed for part in self.parts)
 
+    @property
+    def rounds_outputs(self) -> bool:
+        """As `QuantizedProjection.rounds_outputs` (a float projection's outputs are exact)."""
+        return any(isinstance(part, QuantizedProjection) and part.rounds_outputs for part in self.parts)
+
     def shares_work(self, rows: int) -> bool:
         """Whether a call now hands slices to the helper thread: torch on one thread, another core, and
         more than one row or a very large head (a single row through the default tiny model's head measured
