@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -36,17 +36,29 @@ class GrammarSpec:
     # lenient + oneOf as anyOf; xgrammar keeps keywords it ignores) because the caller enforces the
     # full schema where the answer ends (samplers/contract_guard.py). Only `auto` compiles it.
     decode_safe: bool = False
+    # JSON kinds: one optional space or newline before the value. A prompt ending in a label (`JSON:`) makes a
+    # model write ` {` as one token; a grammar that must start at `{` forbids it and sends the answer down
+    # another path from its first token (measured in docs/quality.md). The value itself is unchanged.
+    leading_whitespace: bool = False
 
     @property
     def key(self) -> str:
         digest = hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()
-        return f"{self.kind}:{digest[:24]}" + (":decode_safe" if self.decode_safe else "")
+        profile = (":decode_safe" if self.decode_safe else "") + (
+            ":leading_whitespace" if self.leading_whitespace else ""
+        )
+        return f"{self.kind}:{digest[:24]}{profile}"
 
     def relaxed(self) -> GrammarSpec:
         """The decode-safe profile of this JSON Schema (or tool-call) spec: same text, relaxed compile."""
         if self.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS):
             raise ValueError(f"a {self.kind} constraint has no decode-safe profile")
-        return GrammarSpec(self.kind, self.source, decode_safe=True)
+        return replace(self, decode_safe=True)
+
+    def with_leading_whitespace(self, allowed: bool = True) -> GrammarSpec:
+        """This spec with `leading_whitespace` set where it applies (JSON kinds); other kinds are returned as
+        they are (a choice, regex or grammar says exactly what the text is)."""
+        return replace(self, leading_whitespace=allowed) if self.is_json else self
 
     @property
     def is_json(self) -> bool:

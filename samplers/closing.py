@@ -130,7 +130,7 @@ class _Search:
             ids = [t for t in self.vocab.closing_ids if (int(words[t >> 5]) >> (t & 31)) & 1]
         scan, streak = self.scans[-1], self.streaks[-1]
 
-        def key(token: int) -> tuple[int, int, int, int, int]:
+        def key(token: int) -> tuple[int, ...]:
             text = self._text(token)
             bare = text.strip()
             after = scan.copy().feed(text)
@@ -147,7 +147,10 @@ class _Search:
                 return (cost, int(unwanted), 0 if alternate else 1, len(bare), 0)
             # Spaces only where the grammar requires one; a minus sign last (`: 1` reads better than `: -1`).
             style = 2 if "-" in bare else 1 if not bare else 0
-            return (cost, int(unwanted), style, *_rank(text))
+            # Where a space is optional (GrammarSpec.leading_whitespace), `{` before ` {`: `{"` then follows as
+            # one token, where ` {` would need `"` on its own, one token more.
+            spaces = len(text) - len(text.lstrip())
+            return (cost, int(unwanted), style, spaces, *_rank(text))
 
         return sorted(ids, key=key)[:BRANCH]
 

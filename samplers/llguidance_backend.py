@@ -112,6 +112,12 @@ class LLGuidanceBackend:
             if spec.is_json:
                 schema = spec.schema() if spec.kind is GrammarKind.JSON_SCHEMA else {"type": "object"}
                 options = RELAXED_JSON_OPTIONS if spec.decode_safe else JSON_OPTIONS
+                if spec.leading_whitespace and isinstance(schema, dict):
+                    # The schema embedded in Lark (`%json`, its options as `x-guidance`) after the optional
+                    # whitespace, which no JSON value starts with (so the two never overlap in the lexer).
+                    with_options = json.dumps({**schema, "x-guidance": options})
+                    lark = f"start: LEAD? value\nLEAD: /[ \\n]/\nvalue: %json {with_options}"
+                    return str(llguidance.LLMatcher.grammar_from_lark(lark))
                 return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options))
             if spec.kind is GrammarKind.REGEX:
                 return str(llguidance.LLMatcher.grammar_from_regex(spec.source))

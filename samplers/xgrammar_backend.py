@@ -107,6 +107,10 @@ class XGrammarMatcher:
         return bool(self._m.is_completed())
 
 
+# GrammarSpec.leading_whitespace: at most one space or newline before the value.
+_LEADING_WHITESPACE = xgrammar.Grammar.from_ebnf("root ::= [ \\n]?")
+
+
 class XGrammarBackend:
     name = NAME
 
@@ -143,11 +147,11 @@ class XGrammarBackend:
             # No free whitespace: bounded output, no whitespace loops. xgrammar 0.2.8's generic
             # object/array rules always use ", " whatever `separators` says, so keep its defaults
             # (", " and ": ") to stay self-consistent.
-            return self._compiler.compile_json_schema(
-                spec.source if spec.kind is GrammarKind.JSON_SCHEMA else '{"type":"object"}',
-                any_whitespace=False,
-                strict_mode=False,
-            )
+            source = spec.source if spec.kind is GrammarKind.JSON_SCHEMA else '{"type":"object"}'
+            if spec.leading_whitespace:
+                value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
+                return self._compiler.compile_grammar(xgrammar.Grammar.concat(_LEADING_WHITESPACE, value))
+            return self._compiler.compile_json_schema(source, any_whitespace=False, strict_mode=False)
         if spec.kind is GrammarKind.REGEX:
             return self._compiler.compile_regex(spec.source)
         if spec.kind is GrammarKind.LARK:

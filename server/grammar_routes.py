@@ -15,6 +15,7 @@ from server.modes import MODES
 from server.openai.finish import FinishReason
 from server.openai.frontend import OpenAIFrontend
 from server.openai.protocol import ConstraintFields
+from server.serving import json_styled
 
 
 class GrammarRequest(ConstraintFields):
@@ -26,6 +27,7 @@ class GrammarRequest(ConstraintFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    json_leading_whitespace: bool | None = None  # as on chat: compiles what a generation would
 
 
 def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
@@ -56,6 +58,7 @@ def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
         # The same parsing, limits and 400s as a chat request's constraint.
         tools = await service.off_loop(frontend.tools, req.tools, req.tool_choice, req.parallel_tool_calls)
         constraint = await service.off_loop(frontend.constraint, req, tools)
+        constraint = json_styled(constraint, req.json_leading_whitespace, service.settings)
         spec = constraint.spec
         if spec is None:
             raise bad_request("no constraint given: send response_format, structured_outputs or tools",

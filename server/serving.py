@@ -57,6 +57,15 @@ class Prepared:
     received: float
 
 
+def json_styled(constraint: ConstraintRequest, asked: bool | None, settings: Settings) -> ConstraintRequest:
+    """The constraint as generation compiles it: a JSON answer may start with one space or newline unless the
+    request (`json_leading_whitespace`) or the server (`--json-leading-whitespace`) says otherwise."""
+    if constraint.spec is None:
+        return constraint
+    lead = settings.json_leading_whitespace if asked is None else asked
+    return replace(constraint, spec=constraint.spec.with_leading_whitespace(lead))
+
+
 @dataclass
 class Finished:
     text: str
@@ -156,6 +165,7 @@ class Service:
         self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
     ) -> Prepared:
         """Compile the request's constraint (cached) and give it an id: ready for `run` or `stream`."""
+        constraint = json_styled(constraint, params.json_leading_whitespace, self.settings)
         compiled = await self.compile(constraint) if constraint.spec is not None else None
         return Prepared(
             f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received

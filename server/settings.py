@@ -38,6 +38,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "jump_forward",
         "max_revisions",
         "close_answers",
+        "json_leading_whitespace",
     ),
     "compile": (
         "backends",
@@ -127,6 +128,11 @@ class Settings(BaseSettings):
         True,
         description="end a JSON Schema or tool-call answer with its shortest valid completion when max_tokens or "
         "the context would cut it, or the model runs away (a request's close_answers overrides)",
+    )
+    json_leading_whitespace: bool = Field(
+        True,
+        description="let a JSON answer start with one space or newline, as a model writes ` {` after `JSON:` "
+        "(the value is unchanged; a request's json_leading_whitespace overrides)",
     )
     stall_whitespace_tokens: int = Field(
         64, ge=0, description="whitespace-only tokens in a row that end a request; 0: off"

@@ -183,7 +183,8 @@ class Engine:
         seq.mask_budget = MaskBudget(self.config.limits)
         # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
         seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self.output.is_whitespace)
-        seq.closer = self.grammar_tokens.closer_for(seq)
+        room = min(p.max_tokens, self.max_len - len(seq.prompt_ids))
+        seq.closer = self.grammar_tokens.closer_for(seq, room)
         self.scheduler.add(seq)
 
     def _reap_answered(self) -> None:

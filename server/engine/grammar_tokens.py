@@ -28,10 +28,13 @@ class GrammarTokens:
         self.stop_ids = stop_ids
         self.jump_forward = jump_forward
 
-    def closer_for(self, seq: Sequence) -> AnswerCloser | None:
+    def closer_for(self, seq: Sequence, room: int) -> AnswerCloser | None:
+        """The closing state of a closable answer about to start with `room` tokens to go."""
         if not seq.closable or seq.matcher is None:
             return None
-        return AnswerCloser(self.vocab, seq.required_keys)
+        closer = AnswerCloser(self.vocab, seq.required_keys)
+        closer.seed(seq.matcher, room)
+        return closer
 
     def forced_after(self, seq: Sequence) -> list[int]:
         """Jump-forward: the tokens the grammar dictates next, accepted into the matcher (within max_tokens)."""

@@ -37,6 +37,8 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens; stall detection is off
     max_revisions: int | None = None  # None: the engine's default depth limit
     close_answers: bool | None = None  # None: the server's --close-answers (server/engine/answer_closing.py)
+    # None: the server's --json-leading-whitespace (grammars/spec.py GrammarSpec.leading_whitespace)
+    json_leading_whitespace: bool | None = None
 
     @property
     def greedy(self) -> bool:

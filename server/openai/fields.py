@@ -189,6 +189,14 @@ FIELDS: tuple[FieldRule, ...] = (
         "`--close-answers`, on)",
         ALL,
     ),
+    FieldRule(
+        "json_leading_whitespace",
+        CORRAL,
+        H,
+        "false: a JSON answer starts at its first bracket or quote; true: one space or newline may come first, as "
+        "the model writes it (default: the server's `--json-leading-whitespace`, on)",
+        ALL,
+    ),
 )
 
 # Content part types of a chat message corral can read; the model is text-only.

@@ -108,6 +108,7 @@ class OpenAIFrontend:
             ignore_eos=req.ignore_eos,
             max_revisions=req.max_revisions,
             close_answers=req.close_answers,
+            json_leading_whitespace=req.json_leading_whitespace,
         )
 
     def _logit_bias(self, given: dict[str, float] | None) -> dict[int, float]:

@@ -52,6 +52,9 @@ class _Request(ConstraintFields):
     ignore_eos: bool = False
     max_revisions: int | None = Field(None, ge=0, description="per-request revision depth limit")
     close_answers: bool | None = Field(None, description="close a structured answer the budget would cut")
+    json_leading_whitespace: bool | None = Field(
+        None, description="allow one space or newline before a JSON answer (default: the server's setting)"
+    )
 
     @model_validator(mode="before")
     @classmethod

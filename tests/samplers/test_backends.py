@@ -83,6 +83,32 @@ def test_schema_accepts_a_valid_instance(backend: SamplerBackend, tokenizer_spec
     assert matcher.can_terminate()
 
 
+@pytest.mark.parametrize("lead", [" ", "\n", ""])
+def test_leading_whitespace_allows_one_space_or_newline_before_the_value(
+    backend: SamplerBackend, tokenizer_spec: TokenizerSpec, lead: str
+) -> None:
+    spec = GrammarSpec.json_schema(SCHEMA).with_leading_whitespace()
+    assert spec.key != GrammarSpec.json_schema(SCHEMA).key  # compiled and cached apart
+    matcher = matcher_for(backend, spec)
+    tokens = encode(tokenizer_spec, lead + VALID)
+    assert matcher.validate_tokens(tokens) == len(tokens)
+    for token in tokens:
+        assert matcher.accept_token(token), tokenizer_spec.hf_tokenizer.decode([token])
+    assert matcher.can_terminate()
+
+
+def test_leading_whitespace_is_one_character_at_most_and_off_by_default(
+    backend: SamplerBackend, tokenizer_spec: TokenizerSpec
+) -> None:
+    twice = encode(tokenizer_spec, "  " + VALID)
+    leading = matcher_for(backend, GrammarSpec.json_schema(SCHEMA).with_leading_whitespace())
+    assert leading.validate_tokens(twice) < len(twice)
+    compact = matcher_for(backend, GrammarSpec.json_schema(SCHEMA))
+    spaced = encode(tokenizer_spec, " " + VALID)
+    assert compact.validate_tokens(spaced) < len(spaced)
+    assert GrammarSpec.regex("a+").with_leading_whitespace() == GrammarSpec.regex("a+")  # exact kinds stay exact
+
+
 @pytest.mark.parametrize("name", [
     "xgrammar",
     pytest.param("llguidance", marks=pytest.mark.xfail(

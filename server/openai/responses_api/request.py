@@ -36,6 +36,7 @@ class ResponsesRequest(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     max_revisions: int | None = Field(None, ge=0)
     close_answers: bool | None = None
+    json_leading_whitespace: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
