@@ -150,7 +150,10 @@ class _Search:
             # Where a space is optional (GrammarSpec.leading_whitespace), `{` before ` {`: `{"` then follows as
             # one token, where ` {` would need `"` on its own, one token more.
             spaces = len(text) - len(text.lstrip())
-            return (cost, int(unwanted), style, spaces, *_rank(text))
+            # Before an object starts, its longest opening first (`{"` before `{`): the syntax counts `{` nearer
+            # its end, but a schema's required keys follow it anyway, and `"` then costs a token of its own.
+            opening = -len(bare) if not scan.started and bare.startswith("{") else 0
+            return (opening, cost, int(unwanted), style, spaces, *_rank(text))
 
         return sorted(ids, key=key)[:BRANCH]
 

@@ -32,10 +32,6 @@ ITEM_PERIOD = 8
 MARGIN = 4  # tokens one more step may take beyond the completion found
 RETRY_EVERY = 4  # after a search that found nothing, steps until the next
 RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more than the budget's per-step one
-# The search before the first token (small budgets only), bounded by its mask fills rather than the clock, so its
-# outcome does not depend on the machine's load: its first path is often not the shortest (`{` then `"`, where
-# `{"` is one token less), and on a loaded machine it measured 0.2-0.3 s to reach the one that fits.
-SEED_DEADLINE_S = 2.0
 
 
 class ClosedBecause(StrEnum):
@@ -77,7 +73,7 @@ class AnswerCloser:
         answer one token longer than the grammar's `{"`); the answer then closes from the start instead."""
         if not self.due(room):
             return
-        plan = shortest_completion(matcher, self.vocab, room, keys=self.keys, deadline_s=SEED_DEADLINE_S)
+        plan = shortest_completion(matcher, self.vocab, room, keys=self.keys)
         if plan is not None:
             self.fallback = (0, plan)
 

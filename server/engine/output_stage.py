@@ -48,6 +48,10 @@ class OutputStage:
             seq.text_cut = True
             return True
         stable = seq.revision.stable_tokens(len(seq.output_ids))
+        if seq.closer is not None and seq.closer.fallback is not None:
+            # Near the budget an answer may close from an earlier point (server/engine/answer_closing.py): the
+            # text after it is not final until the answer ends or the fallback moves on.
+            stable = min(stable, seq.closer.fallback[0])
         if stable < len(seq.output_ids):
             safe = len(self.decode(seq.output_ids[:stable]).rstrip("\ufffd"))
         else:
