@@ -68,13 +68,14 @@ class AnswerCloser:
         return 0 if closing_only else period
 
     def seed(self, matcher: Matcher, room: int) -> None:
-        """Before the first token, where the budget is already small: the completion from the empty answer, as
+        """Before the first token, where the budget barely holds the grammar's shortest answer: that answer, as
         the fallback. The model's first step may leave no completion that fits (a first token ` {` makes the
-        answer one token longer than the grammar's `{"`); the answer then closes from the start instead."""
+        answer one token longer than the grammar's `{"`); the answer then closes from the start instead. Only
+        then: with room to spare, a dead end later is the revision's to undo, not the closing's."""
         if not self.due(room):
             return
         plan = shortest_completion(matcher, self.vocab, room, keys=self.keys)
-        if plan is not None:
+        if plan is not None and len(plan) + MARGIN >= room:
             self.fallback = (0, plan)
 
     def due(self, room: int) -> bool:
