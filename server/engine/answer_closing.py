@@ -74,7 +74,8 @@ class AnswerCloser:
         then: with room to spare, a dead end later is the revision's to undo, not the closing's."""
         if not self.due(room):
             return
-        plan = shortest_completion(matcher, self.vocab, room, keys=self.keys)
+        # Once per answer, so the runaway's longer deadline: the per-step one missed it on a loaded machine.
+        plan = shortest_completion(matcher, self.vocab, room, keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S)
         if plan is not None and len(plan) + MARGIN >= room:
             self.fallback = (0, plan)
 
