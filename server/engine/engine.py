@@ -183,8 +183,7 @@ class Engine:
         seq.mask_budget = MaskBudget(self.config.limits)
         # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
         seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self.output.is_whitespace)
-        room = min(p.max_tokens, self.max_len - len(seq.prompt_ids))
-        seq.closer = self.grammar_tokens.closer_for(seq, room)
+        seq.closer = self.grammar_tokens.closer_for(seq, self._room(seq))
         self.scheduler.add(seq)
 
     def _reap_answered(self) -> None:
@@ -233,11 +232,14 @@ class Engine:
         elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_cached + len(seq.pending) >= self.max_len:
             self._finish(seq, "length")
 
+    def _room(self, seq: Sequence) -> int:
+        """Tokens the answer may still add: max_tokens or the context, whichever ends first."""
+        return min(seq.params.max_tokens - len(seq.output_ids), self.max_len - seq.num_cached - len(seq.pending))
+
     def _close(self, seq: Sequence, chosen: list[bool], stalled: bool) -> bool:
         """Close a structured answer early (server/engine/answer_closing.py): the budget is about to cut it,
         or the model runs away (`stalled`, or a runaway value)."""
-        room = min(seq.params.max_tokens - len(seq.output_ids), self.max_len - seq.num_cached - len(seq.pending))
-        closed = self.grammar_tokens.close(seq, room, self.output, chosen, stalled=stalled)
+        closed = self.grammar_tokens.close(seq, self._room(seq), self.output, chosen, stalled=stalled)
         if closed:
             self._finish(seq, "closed")
         return closed
