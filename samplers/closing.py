@@ -140,16 +140,17 @@ class _Search:
             # Lengthening a value never brings the end nearer by the syntax's count, so each such move in a
             # row costs one more: a `,` the schema requires wins over a number growing digit by digit.
             cost = after.distance() + (streak + 1 if _lengthens(scan, after) else 0)
+            spaces = len(text) - len(text.lstrip())
             if scan.in_string:
                 # A string that may not end yet (a format, a pattern: `"` was not allowed here) alternates
                 # letters or digits with punctuation, shortest first: `a:`, `a@a.a`, rather than `aaaa...`.
                 alternate = bare.isalnum() != scan.last.isalnum()
-                return (cost, int(unwanted), 0 if alternate else 1, len(bare), 0)
+                # `"` before ` "`: inside a string a space is text the model did not write.
+                return (cost, int(unwanted), 0 if alternate else 1, len(bare), spaces)
             # Spaces only where the grammar requires one; a minus sign last (`: 1` reads better than `: -1`).
             style = 2 if "-" in bare else 1 if not bare else 0
             # Where a space is optional (GrammarSpec.leading_whitespace), `{` before ` {`: `{"` then follows as
             # one token, where ` {` would need `"` on its own, one token more.
-            spaces = len(text) - len(text.lstrip())
             # Before an object starts, its longest opening first (`{"` before `{`): the syntax counts `{` nearer
             # its end, but a schema's required keys follow it anyway, and `"` then costs a token of its own.
             opening = -len(bare) if not scan.started and bare.startswith("{") else 0

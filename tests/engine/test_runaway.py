@@ -3,6 +3,7 @@ and a number past any plausible width; what does not: short repeats, and an answ
 
 from __future__ import annotations
 
+from samplers.json_syntax import in_string
 from server.engine.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
 
 ITEM = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # ten tokens, e.g. `{"name": "Widget", "qty": 2}, `
@@ -32,3 +33,12 @@ def test_digits_are_counted_across_tokens() -> None:
     assert trailing_digits([1, 4, 2], texts.__getitem__) == 5  # ` 56` ends in two digits, then stops
     assert trailing_digits([5], texts.__getitem__) == 0
     assert trailing_digits([1] + [2] * 10, texts.__getitem__) > RUNAWAY_DIGITS
+
+
+def test_digits_inside_a_string_are_text_not_a_number() -> None:
+    """The width rule is for numbers: a 21-digit id in a string is text (grammar_tokens checks in_string)."""
+    assert in_string('{"pkey": "123456789012345678901')
+    assert not in_string('{"count": 123456789012345678901')
+    assert not in_string('{"a": "x", "b": 1234')
+    assert in_string('{"a": "q\\"12')  # an escaped quote does not end the string
+    assert not in_string("1.100000000000000000000")  # a bare number, no string open

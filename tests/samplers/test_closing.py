@@ -135,3 +135,22 @@ def test_a_format_string_is_completed_in_its_format(tokenizer: TokenizerSpec) ->
     plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 32, prefix=prefix)
     assert plan is not None
     assert validate_output(spec, prefix + tokenizer.hf_tokenizer.decode(plan)).valid
+
+
+
+def test_a_string_closes_without_a_space_the_model_did_not_write(tokenizer: TokenizerSpec) -> None:
+    """Inside a string a space is text: the completion ends the string with a bare `"`, not ` "` (Gemma has both
+    as one token each, and the spaced one used to win the tie: `"model "`, `"printIn ": ""`)."""
+    schema = {"type": "object", "properties": {"note": {"type": "string"}, "id": {"type": "string"}}}
+    spec = GrammarSpec.json_schema(schema)
+    backends = BackendSet(tokenizer)
+    compiled = GrammarCache(backends).compile(spec, "auto")
+    vocab = ClosingVocabulary.of(tokenizer)
+    for prefix in ('{"note": "the model is a model', '{"id": "1234567890', '{"na'):
+        matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
+        assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+        plan = shortest_completion(matcher, vocab, 32, prefix=prefix, deadline_s=2.0)
+        assert plan is not None
+        completion = tokenizer.hf_tokenizer.decode(plan)
+        assert validate_output(spec, prefix + completion).valid, completion
+        assert completion.startswith('"'), completion
