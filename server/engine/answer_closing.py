@@ -100,18 +100,25 @@ class AnswerCloser:
             return None
         return at, plan
 
-    def plan_now(self, matcher: Matcher, room: int, at: int, text: Callable[[], str]) -> list[int] | None:
+    def plan_now(
+        self, matcher: Matcher, room: int, at: int, text: Callable[[], str], *, last_chance: bool = False
+    ) -> list[int] | None:
         """A completion that fits the room left, whatever the budget (a runaway closes at once). A runaway is
         worth a longer search (it happens once), and one that found nothing is not repeated for a few tokens
-        (`at`: the output length now): the answer is runaway on every step meanwhile."""
-        if at < self.runaway_retry_at:
+        (`at`: the output length now): the answer is runaway on every step meanwhile. `last_chance` (the
+        watchdog is about to end the answer as a stall) searches regardless: there is no later step."""
+        if at < self.runaway_retry_at and not last_chance:
             return None
         plan = shortest_completion(
             matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S
         )
         if plan is None:
-            self.runaway_retry_at = at + RETRY_EVERY * 2
+            self.hold_off(at)
         return plan
+
+    def hold_off(self, at: int) -> None:
+        """No runaway search for a few tokens (one found nothing, or a completion too long to take)."""
+        self.runaway_retry_at = at + RETRY_EVERY * 2
 
 
 def repeated_block(tokens: list[int]) -> int:

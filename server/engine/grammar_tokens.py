@@ -113,9 +113,11 @@ class GrammarTokens:
         taken: tuple[list[int], list[TokenLogprob]] | None = None
         if period >= ITEM_PERIOD:  # whole items repeated: keep the first, take back the copies
             taken = self._take_back(seq, (RUNAWAY_REPEATS - 1) * period, output.decode)
-        plan = closer.plan_now(matcher, room + (len(taken[0]) if taken else 0), len(seq.output_ids), text)
+        at = len(seq.output_ids)
+        plan = closer.plan_now(matcher, room + (len(taken[0]) if taken else 0), at, text, last_chance=stalled)
         if plan is not None and not (stalled or wide) and len(plan) > max(period, MARGIN):
             plan = None
+            closer.hold_off(at)  # the repetition may be the schema's; if not, the stall watchdog ends it
         if plan is None and taken is not None:  # not closing here after all: the answer goes on as it was
             self._put_back(seq, *taken)
         return plan

@@ -3,7 +3,14 @@ and a number past any plausible width; what does not: short repeats, and an answ
 
 from __future__ import annotations
 
+from typing import cast
+
+import pytest
+
+from samplers.closing import ClosingVocabulary
 from samplers.json_syntax import in_string
+from samplers.protocol import Matcher
+from server.engine import answer_closing
 from server.engine.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
 
 ITEM = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # ten tokens, e.g. `{"name": "Widget", "qty": 2}, `
@@ -42,3 +49,19 @@ def test_digits_inside_a_string_are_text_not_a_number() -> None:
     assert not in_string('{"a": "x", "b": 1234')
     assert in_string('{"a": "q\\"12')  # an escaped quote does not end the string
     assert not in_string("1.100000000000000000000")  # a bare number, no string open
+
+
+
+def test_the_last_chance_search_ignores_the_hold_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a runaway search found nothing, the next few steps skip it; when the stall watchdog is about to end
+    the answer there is no later step, so that search runs anyway."""
+    searches: list[int] = []
+    monkeypatch.setattr(answer_closing, "shortest_completion", lambda *a, **k: searches.append(1))
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    matcher = cast(Matcher, None)
+    closer.hold_off(10)
+    assert closer.plan_now(matcher, 50, 12, str) is None and not searches  # held off: no search
+    closer.plan_now(matcher, 50, 12, str, last_chance=True)
+    assert searches == [1]
+    closer.plan_now(matcher, 50, 12 + 2 * answer_closing.RETRY_EVERY, str)  # the last one found none: held off
+    assert searches == [1, 1]
