@@ -30,6 +30,8 @@ such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with 
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any
 
@@ -54,16 +56,52 @@ MAX_COUNTED = 1_000
 _COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
+# A property-name pattern (`patternProperties`) is unanchored in JSON Schema, and llguidance's lexer for such a
+# key (any text around the match, and not any declared name) explodes sooner: `[A-Za-z0-9-_.:]{1,128}` failed
+# two tokens into the key ("too many expressions constructed"; Github_trivial/o78117 has {1,255}), {1,100}
+# held; anchored (`^...$`) names held at {1,2000}. xgrammar compiles such schemas (the contract guard checks
+# the value types it does not).
+MAX_COUNTED_UNANCHORED_KEY = 64
+
+
 def heavy_counts(spec: GrammarSpec) -> bool:
-    """A regex whose repetition counts (`{m}`, `{m,n}`) sum past MAX_COUNTED: `auto` tries xgrammar first."""
-    if spec.kind is not GrammarKind.REGEX:
-        return False
+    """A regex whose repetition counts (`{m}`, `{m,n}`) sum past MAX_COUNTED, or a JSON Schema with an unanchored
+    property-name pattern whose counts sum past MAX_COUNTED_UNANCHORED_KEY: `auto` tries xgrammar first."""
+    if spec.kind is GrammarKind.REGEX:
+        return _counted(spec.source) > MAX_COUNTED
+    if spec.kind in SCHEMA_KINDS and spec.embeds_schema and "patternProperties" in spec.source:
+        return _heavy_unanchored_key(spec.source)
+    return False
+
+
+def _counted(regex: str) -> int:
     total = 0
-    for low, high in _COUNTED.findall(spec.source):
+    for low, high in _COUNTED.findall(regex):
         count = max(low, high, key=lambda digits: (len(digits), digits))
         total += MAX_COUNTED + 1 if len(count) > 6 else int(count)
         if total > MAX_COUNTED:
-            return True
+            break
+    return total
+
+
+@functools.lru_cache(maxsize=256)
+def _heavy_unanchored_key(source: str) -> bool:
+    try:
+        stack: list[Any] = [json.loads(source)]
+    except ValueError:
+        return False  # not this rule's business: the compile reports a bad schema
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            patterns = node.get("patternProperties")
+            if isinstance(patterns, dict):
+                for name in patterns:
+                    anchored = name.startswith("^") and name.endswith("$")
+                    if not anchored and _counted(name) > MAX_COUNTED_UNANCHORED_KEY:
+                        return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
     return False
 
 

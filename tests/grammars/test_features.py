@@ -92,6 +92,19 @@ def test_heavy_counts_looks_at_regexes_only() -> None:
     assert not llguidance.heavy_counts(GrammarSpec.regex("[a-z]{1,500}[0-9]{1,500}"))  # 1,000: not past it
 
 
+def test_an_unanchored_counted_property_name_pattern_routes_to_xgrammar_first() -> None:
+    # Github_trivial/o78117: llguidance compiled it and failed two tokens into the first key at mask time.
+    wide = {"patternProperties": {"[A-Za-z0-9-_.:]{1,255}": {"type": "string", "format": "uri"}}}
+    assert llguidance.heavy_counts(GrammarSpec.json_schema(wide))
+    assert route(GrammarSpec.json_schema(wide), BOTH) == ["xgrammar", "llguidance"]
+    nested = {"type": "object", "properties": {"m": wide}}
+    assert route(GrammarSpec.tool_calls({"tools": [{"name": "f", "parameters": nested}]}), BOTH)[0] == "xgrammar"
+    for held in ({"patternProperties": {"^[A-Za-z0-9-_.:]{1,2000}$": {}}},  # anchored: measured to hold
+                 {"patternProperties": {"[a-z]{1,64}": {}}},
+                 {"properties": {"x": {"type": "string", "pattern": "[a-z]{1,255}"}}}):  # a value, not a name
+        assert route(GrammarSpec.json_schema(held), BOTH) == ["llguidance", "xgrammar"], held
+
+
 def test_a_yielded_spec_still_goes_before_unranked_backends() -> None:
     spec = GrammarSpec.regex("a{5000}")
     assert route(spec, ["plugin", "llguidance"]) == ["llguidance", "plugin"]
