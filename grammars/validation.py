@@ -14,6 +14,7 @@ from urllib.parse import urldefrag, urljoin
 import jsonschema
 from jsonschema import Draft202012Validator
 
+from grammars.json_walk import objects_in
 from grammars.spec import canonical_json
 
 
@@ -102,19 +103,13 @@ def _check_refs_inside(schema: Any, param: str) -> None:
     root: str = root_id if isinstance(root_id, str) else ""
     ids: set[str] = set()
     external: list[str] = []
-    stack: list[Any] = [schema]
-    while stack:  # iterative: callers have bounded the depth, but a walk need not recurse at all
-        node = stack.pop()
-        if isinstance(node, dict):
-            node_id = node.get("$id")
-            if isinstance(node_id, str):
-                ids.add(urljoin(root, urldefrag(node_id)[0]))
-            ref = node.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                external.append(ref)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    for node in objects_in(schema):
+        node_id = node.get("$id")
+        if isinstance(node_id, str):
+            ids.add(urljoin(root, urldefrag(node_id)[0]))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            external.append(ref)
     for ref in external:
         if urljoin(root, urldefrag(ref)[0]) not in ids:
             raise InvalidConstraint(

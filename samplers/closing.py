@@ -19,10 +19,10 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from grammars.json_walk import objects_in
 from grammars.spec import GrammarKind, GrammarSpec
 from samplers.bitmask import allowed_counts, allowed_ids
 from samplers.json_syntax import JsonScan
@@ -211,14 +211,8 @@ def required_keys(spec: GrammarSpec) -> frozenset[str]:
     if not spec.embeds_schema or spec.kind is GrammarKind.JSON_OBJECT:
         return frozenset()  # a bare JSON object requires nothing (its spec source is no schema)
     names: set[str] = set()
-    stack: list[Any] = [json.loads(spec.source)]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            required = node.get("required")
-            if isinstance(required, list):
-                names.update(name for name in required if isinstance(name, str))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    for node in objects_in(json.loads(spec.source)):
+        required = node.get("required")
+        if isinstance(required, list):
+            names.update(name for name in required if isinstance(name, str))
     return frozenset(names)

@@ -13,6 +13,7 @@ from benchmarks.jsonschemabench.compile_timeout import as_record, compile_with_t
 from benchmarks.jsonschemabench.conformance import failing_keyword, meta_valid
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.jsonschemabench.latency import LatencyHistogram, percentile
+from grammars.json_walk import objects_in
 from grammars.spec import GrammarSpec
 from samplers.protocol import CompiledGrammar, SamplerBackend, TokenizerSpec, allocate_bitmask
 from samplers.registry import BackendSet
@@ -38,17 +39,11 @@ def serializations(value: Any, schema: Any = None) -> list[str]:
 def declared_order(schema: Any) -> dict[str, int]:
     """Each property name's position in the schema, in document order of the `properties` that declare it."""
     rank: dict[str, int] = {}
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            properties = node.get("properties")
-            if isinstance(properties, dict):
-                for name in properties:
-                    rank.setdefault(name, len(rank))
-            stack.extend(reversed(list(node.values())))
-        elif isinstance(node, list):
-            stack.extend(reversed(node))
+    for node in objects_in(schema):
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            for name in properties:
+                rank.setdefault(name, len(rank))
     return rank
 
 

@@ -36,6 +36,7 @@ import re
 from typing import Any
 
 from grammars.features import SCHEMA_KINDS, BackendTraits, KeywordTable
+from grammars.json_walk import objects_in
 from grammars.spec import GrammarKind, GrammarSpec
 from samplers.protocol import BackendDescriptor, CompiledGrammar, Lazy, SamplerBackend
 
@@ -87,21 +88,16 @@ def _counted(regex: str) -> int:
 @functools.lru_cache(maxsize=256)
 def _heavy_unanchored_key(source: str) -> bool:
     try:
-        stack: list[Any] = [json.loads(source)]
+        schema = json.loads(source)
     except ValueError:
         return False  # not this rule's business: the compile reports a bad schema
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            patterns = node.get("patternProperties")
-            if isinstance(patterns, dict):
-                for name in patterns:
-                    anchored = name.startswith("^") and name.endswith("$")
-                    if not anchored and _counted(name) > MAX_COUNTED_UNANCHORED_KEY:
-                        return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    for node in objects_in(schema):
+        patterns = node.get("patternProperties")
+        if isinstance(patterns, dict):
+            for name in patterns:
+                anchored = name.startswith("^") and name.endswith("$")
+                if not anchored and _counted(name) > MAX_COUNTED_UNANCHORED_KEY:
+                    return True
     return False
 
 
