@@ -65,6 +65,12 @@ def test_instances_are_compact_with_corral_separators_sorted_keys_first() -> Non
     # Given the schema: also the order the engines emit, declared properties first in declaration order.
     schema = {"type": "object", "properties": {"z": {}, "a": {"properties": {"y": {}, "b": {}}}}}
     assert serializations({"a": {"b": 1, "y": 2}, "z": 0}, schema)[-1] == '{"z": 0, "a": {"y": 2, "b": 1}}'
+    # Two subschemas declare the same names in different orders (Github_medium/o57539): also each object by
+    # the widest declaration of all its keys.
+    schema = {"properties": {"g": {"items": {"properties": {"qid": {}, "points": {}}}},
+                             "z": {"items": {"properties": {"points": {}, "qid": {}, "qids": {}}}}}}
+    texts = serializations({"z": [{"qid": "q", "points": 1}]}, schema)
+    assert '{"z": [{"points": 1, "qid": "q"}]}' in texts and '{"z": [{"qid": "q", "points": 1}]}' in texts
 
 
 # -- masks mode -------------------------------------------------------------------------------------------
