@@ -88,10 +88,16 @@ class _Search:
         prefix: str,
         keys: frozenset[str],
         deadline_s: float = DEFAULT_DEADLINE_S,
+        examples: tuple[str, ...] = (),
     ) -> None:
         self.matcher = matcher
         self.deadline = time.perf_counter() + deadline_s
         self.keys = keys  # property names some schema requires: the names worth writing when one must be
+        # Texts the schema's patterns match (samplers/pattern_examples.py), tokenized: tried inside a string that
+        # may not end yet, where the mask says nothing of what is missing. At most one per string.
+        hf = vocab.tokenizer.hf_tokenizer
+        self.examples = [list(hf.encode(text, add_special_tokens=False)) for text in examples]
+        self.example_at: list[int] = []  # len(self.scans) right after each example taken on this path
         self.vocab = vocab
         self.nodes = nodes
         self.stops = frozenset(vocab.tokenizer.stop_token_ids)
@@ -149,6 +155,8 @@ class _Search:
                 return (cost, int(unwanted), 0 if alternate else 1, len(bare), spaces)
             # Spaces only where the grammar requires one; a minus sign last (`: 1` reads better than `: -1`).
             style = 2 if "-" in bare else 1 if not bare else 0
+            if after.in_string and not bare.endswith('"') and len(bare) > 1:
+                style = 3  # `"}` opens a string with `}` in it: `"` alone, then what the string needs
             # Where a space is optional (GrammarSpec.leading_whitespace), `{` before ` {`: `{"` then follows as
             # one token, where ` {` would need `"` on its own, one token more.
             # Before an object starts, its longest opening first (`{"` before `{`): the syntax counts `{` nearer
@@ -158,6 +166,16 @@ class _Search:
 
         return sorted(ids, key=key)[:BRANCH]
 
+    def _string_held(self, moves: list[list[int]]) -> bool:
+        """Inside a string whose end the grammar withholds (no move starts with `"`): a pattern not yet met."""
+        return self.scans[-1].in_string and not any(self._text(m[0]).lstrip().startswith('"') for m in moves)
+
+    def _example_wanted(self, moves: list[list[int]]) -> bool:
+        """A held string (`_string_held`) with no example taken in it yet."""
+        if not self.examples or not self._string_held(moves):
+            return False
+        return not self.example_at or any(not scan.in_string for scan in self.scans[self.example_at[-1] - 1 :])
+
     def run(self, limit: int) -> list[int] | None:
         """A completion of at most `limit` tokens, or None; the matcher is left as it was."""
         if self.matcher.can_terminate():
@@ -166,7 +184,10 @@ class _Search:
             return None
         forced = [t for t in self.matcher.forced_tokens() if t not in self.stops][:limit]
         moves = [forced] if forced else [[t] for t in self.candidates()]
-        for move in moves:
+        if self.example_at and self.example_at[-1] == len(self.scans) and self._string_held(moves):
+            return None  # the example just written did not let the string end: not this pattern
+        examples = self.examples if not forced and self._example_wanted(moves) else []
+        for move in [*examples, *moves]:
             if self.nodes <= 0:
                 return None
             taken = 0
@@ -176,10 +197,15 @@ class _Search:
                 taken += 1
             if not taken:
                 continue
+            example = move in examples
             self._push(move[:taken])
+            if example:
+                self.example_at.append(len(self.scans))
             rest = self.run(limit - taken)
             self.matcher.rollback(taken)
             self._pop()
+            if example:
+                self.example_at.pop()
             if rest is not None:
                 return [*move[:taken], *rest]
         return None
@@ -194,6 +220,7 @@ def shortest_completion(
     keys: frozenset[str] = frozenset(),
     nodes: int = DEFAULT_NODES,
     deadline_s: float = DEFAULT_DEADLINE_S,
+    examples: tuple[str, ...] = (),
 ) -> list[int] | None:
     """Tokens (at most `limit`) after which the answer may end, tried closers-first; None if none was found
     within `nodes` mask fills or `deadline_s` seconds. The matcher ends where it started.
@@ -201,7 +228,7 @@ def shortest_completion(
     Depth-first, best move first, so the first path tried is usually the one taken (one mask fill per
     token); at most `BRANCH` moves are tried from any state, so a dead path costs little."""
     with torch.inference_mode():
-        return _Search(matcher, vocab, nodes, prefix, keys, deadline_s).run(limit)
+        return _Search(matcher, vocab, nodes, prefix, keys, deadline_s, examples).run(limit)
 
 
 @functools.lru_cache(maxsize=512)

@@ -22,6 +22,7 @@ from grammars.spec import GrammarSpec
 from grammars.validation import OutputCheck
 from samplers.closing import required_keys
 from samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
+from samplers.pattern_examples import pattern_examples
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet, UnknownBackend
 from samplers.watchdog import Trip, WatchdogLimits
@@ -269,6 +270,7 @@ class Service:
             streaming=deltas,
             closable=closable,
             required_keys=required_keys(spec) if closable and spec is not None else frozenset(),
+            pattern_examples=pattern_examples(spec) if closable and spec is not None else (),
         )
         seq.stats.arrival = prepared.received
         self.in_flight += 1

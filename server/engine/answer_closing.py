@@ -43,9 +43,12 @@ class AnswerCloser:
     """One sequence's closing state: when to search next, and the last completion found (and at what output
     length), which the engine falls back to when a later step leaves nothing that fits."""
 
-    def __init__(self, vocab: ClosingVocabulary, keys: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, vocab: ClosingVocabulary, keys: frozenset[str] = frozenset(), examples: tuple[str, ...] = ()
+    ) -> None:
         self.vocab = vocab
         self.keys = keys  # required property names: a completion writes these rather than optional ones
+        self.examples = examples  # texts the schema's patterns match: what a string that may not end needs
         self.next_check = FIRST_CHECK
         self.closed: ClosedBecause | None = None
         self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
@@ -75,7 +78,9 @@ class AnswerCloser:
         if not self.due(room):
             return
         # Once per answer, so the runaway's longer deadline: the per-step one missed it on a loaded machine.
-        plan = shortest_completion(matcher, self.vocab, room, keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S)
+        plan = shortest_completion(
+            matcher, self.vocab, room, keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S, examples=self.examples
+        )
         if plan is not None and len(plan) + MARGIN >= room:
             self.fallback = (0, plan)
 
@@ -90,7 +95,7 @@ class AnswerCloser:
         while there is room (or nothing to close with)."""
         if not self.due(room):
             return None
-        plan = shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys)
+        plan = shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys, examples=self.examples)
         if plan is None:
             self.next_check = room - RETRY_EVERY
             return self.fallback
@@ -110,7 +115,8 @@ class AnswerCloser:
         if at < self.runaway_retry_at and not last_chance:
             return None
         plan = shortest_completion(
-            matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S
+            matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S,
+            examples=self.examples,
         )
         if plan is None:
             self.hold_off(at)

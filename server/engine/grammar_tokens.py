@@ -33,7 +33,7 @@ class GrammarTokens:
         """The closing state of a closable answer about to start with `room` tokens to go."""
         if not seq.closable or seq.matcher is None:
             return None
-        closer = AnswerCloser(self.vocab, seq.required_keys)
+        closer = AnswerCloser(self.vocab, seq.required_keys, seq.pattern_examples)
         closer.seed(seq.matcher, room)
         return closer
 

@@ -83,6 +83,7 @@ class Sequence:
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
     closable: bool = False  # a structured answer the engine may close early (server/engine/answer_closing.py)
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)
+    pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
     closer: AnswerCloser | None = None  # set at admission for a closable sequence
     # The final output went to the sink (set under Engine's answer lock: the engine thread and the hung-step
     # watchdog may both try to end it; only the first answers).

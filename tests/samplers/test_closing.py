@@ -154,3 +154,28 @@ def test_a_string_closes_without_a_space_the_model_did_not_write(tokenizer: Toke
         completion = tokenizer.hf_tokenizer.decode(plan)
         assert validate_output(spec, prefix + completion).valid, completion
         assert completion.startswith('"'), completion
+
+
+def test_a_string_held_open_by_its_pattern_closes_with_text_the_pattern_matches(tokenizer: TokenizerSpec) -> None:
+    """Github_hard/o44202: the mask allows nearly every token in a string whose pattern has not matched yet and
+    only withholds `"`; the schema's pattern says what is missing (samplers/pattern_examples.py)."""
+    from samplers.pattern_examples import pattern_examples
+
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": "f-[0-9]+"},
+                       "kind": {"type": "string", "pattern": "^srn:type:[a-z]+$"}},
+        "required": ["id", "kind"],
+    }
+    spec = GrammarSpec.json_schema(schema)
+    backends = BackendSet(tokenizer)
+    compiled = GrammarCache(backends).compile(spec, "auto")
+    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
+    prefix = '{"id": "100000000000'
+    assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+    plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 48, prefix=prefix, keys=required_keys(spec),
+                               deadline_s=2.0, examples=pattern_examples(spec))
+    assert plan is not None
+    answer = prefix + tokenizer.hf_tokenizer.decode(plan)
+    assert validate_output(spec, answer).valid, answer
+    assert "f-" in json.loads(answer)["id"] and json.loads(answer)["kind"].startswith("srn:type:")
