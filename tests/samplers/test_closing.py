@@ -16,7 +16,7 @@ from grammars.spec import GrammarSpec
 from samplers.closing import ClosingVocabulary, required_keys, shortest_completion
 from samplers.compilation import GrammarCache
 from samplers.json_syntax import JsonScan, json_closing
-from samplers.protocol import TokenizerSpec
+from samplers.protocol import Matcher, TokenizerSpec
 from samplers.registry import BackendSet
 
 
@@ -67,6 +67,21 @@ def tokenizer(request: pytest.FixtureRequest) -> TokenizerSpec:
     return spec
 
 
+_CACHES: dict[int, GrammarCache] = {}  # per tokenizer: its engines' tables take seconds to build
+
+
+def _matcher_after(tokenizer: TokenizerSpec, spec: GrammarSpec, prefix: str) -> Matcher:
+    """A matcher of `spec` under `auto` that has accepted `prefix`."""
+    if id(tokenizer) not in _CACHES:
+        _CACHES[id(tokenizer)] = GrammarCache(BackendSet(tokenizer))
+    cache = _CACHES[id(tokenizer)]
+    backends = cache.backends
+    compiled = cache.compile(spec, "auto")
+    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
+    assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+    return matcher
+
+
 def test_cut_answers_close_validly(tokenizer: TokenizerSpec) -> None:
     """Every completion found is valid under the full schema; one is found for nearly every cut."""
     backends = BackendSet(tokenizer)
@@ -112,11 +127,7 @@ def test_a_completion_writes_required_properties_not_optional_ones(tokenizer: To
     spec = GrammarSpec.json_schema(schema)
     assert required_keys(spec) == {"zeta"}
     assert required_keys(GrammarSpec.json_object()) == frozenset()  # its source is no schema
-    backends = BackendSet(tokenizer)
-    compiled = GrammarCache(backends).compile(spec, "auto")
-    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
-    opening = tokenizer.hf_tokenizer.encode("{", add_special_tokens=False)
-    assert all(matcher.accept_token(t) for t in opening)
+    matcher = _matcher_after(tokenizer, spec, "{")
     plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 32, prefix="{", keys=required_keys(spec))
     assert plan is not None
     answer = json.loads("{" + tokenizer.hf_tokenizer.decode(plan))
@@ -127,11 +138,8 @@ def test_a_format_string_is_completed_in_its_format(tokenizer: TokenizerSpec) ->
     """Where `"` may not come yet (a URI needs its scheme), letters alternate with punctuation until it may."""
     schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri"}}, "required": ["u"]}
     spec = GrammarSpec.json_schema(schema)
-    backends = BackendSet(tokenizer)
-    compiled = GrammarCache(backends).compile(spec, "auto")
-    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
     prefix = '{"u": "'
-    assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+    matcher = _matcher_after(tokenizer, spec, prefix)
     plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 32, prefix=prefix)
     assert plan is not None
     assert validate_output(spec, prefix + tokenizer.hf_tokenizer.decode(plan)).valid
@@ -143,12 +151,9 @@ def test_a_string_closes_without_a_space_the_model_did_not_write(tokenizer: Toke
     as one token each, and the spaced one used to win the tie: `"model "`, `"printIn ": ""`)."""
     schema = {"type": "object", "properties": {"note": {"type": "string"}, "id": {"type": "string"}}}
     spec = GrammarSpec.json_schema(schema)
-    backends = BackendSet(tokenizer)
-    compiled = GrammarCache(backends).compile(spec, "auto")
     vocab = ClosingVocabulary.of(tokenizer)
     for prefix in ('{"note": "the model is a model', '{"id": "1234567890', '{"na'):
-        matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
-        assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+        matcher = _matcher_after(tokenizer, spec, prefix)
         plan = shortest_completion(matcher, vocab, 32, prefix=prefix, deadline_s=2.0)
         assert plan is not None
         completion = tokenizer.hf_tokenizer.decode(plan)
@@ -168,11 +173,8 @@ def test_a_string_held_open_by_its_pattern_closes_with_text_the_pattern_matches(
         "required": ["id", "kind"],
     }
     spec = GrammarSpec.json_schema(schema)
-    backends = BackendSet(tokenizer)
-    compiled = GrammarCache(backends).compile(spec, "auto")
-    matcher = backends.for_request(compiled.backend, "auto").new_matcher(compiled.compiled)
     prefix = '{"id": "100000000000'
-    assert all(matcher.accept_token(t) for t in tokenizer.hf_tokenizer.encode(prefix, add_special_tokens=False))
+    matcher = _matcher_after(tokenizer, spec, prefix)
     plan = shortest_completion(matcher, ClosingVocabulary.of(tokenizer), 48, prefix=prefix, keys=required_keys(spec),
                                deadline_s=2.0, examples=pattern_examples(spec))
     assert plan is not None
