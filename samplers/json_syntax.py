@@ -106,8 +106,3 @@ class JsonScan:
 
 def json_closing(text: str) -> str:
     return JsonScan().feed(text).closing()
-
-
-def in_string(text: str) -> bool:
-    """The text ends inside a JSON string (a property name or a string value)."""
-    return JsonScan().feed(text).in_string

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from samplers.closing import ClosingVocabulary
-from samplers.json_syntax import in_string
 from samplers.protocol import Matcher
 from server.engine.answer_closing import (
     ITEM_PERIOD,
@@ -105,9 +104,9 @@ class GrammarTokens:
         plausible width, or a repeated block whose completion costs no more than one more repeat (so nesting
         the schema requires, 32 levels of the same model, is not cut: its completion is the rest of it)."""
         period = closer.runaway_period(seq.output_ids, output.token_text)
-        # A number only: digits inside a string are text (an id, a phone number), and a string of one digit
-        # repeated is a repeated block anyway. The scan runs only past the width, which is rare.
-        wide = trailing_digits(seq.output_ids, output.token_text) > RUNAWAY_DIGITS and not in_string(text())
+        # Digits inside a string count too: Gemma 3 wrote `"1234567890123…"` ids until max_tokens (a cycle of ten
+        # one-digit tokens, whose completion was too long for the repeated-block rule to take).
+        wide = trailing_digits(seq.output_ids, output.token_text) > RUNAWAY_DIGITS
         if not (stalled or period or wide):
             return None
         taken: tuple[list[int], list[TokenLogprob]] | None = None

@@ -134,12 +134,12 @@ def _one_token(server: RunningServer, text: str) -> str:
     [
         # A number growing without end (the base model wrote a 60-digit integer): closed past 20 digits.
         ({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, ["777"], r"-?7{21,}"),
-        # Digits inside a string are text (an id), not a number: closed by the cycle rule, well past 21 digits.
+        # Digits inside a string count too (Gemma 3 wrote `"123456789012…"` ids until max_tokens).
         # (The pattern makes the string start with 7: the model's first pick is a token that opens it.)
         (
             {"type": "object", "properties": {"s": {"type": "string", "pattern": "^7"}}, "required": ["s"]},
             ["777"],
-            r'"7{60,}"',
+            r'"7{21,29}"',
         ),
         # One short item repeated: closed once the cycle spans the runaway window, not at max_tokens.
         (

@@ -8,7 +8,6 @@ from typing import cast
 import pytest
 
 from samplers.closing import ClosingVocabulary
-from samplers.json_syntax import in_string
 from samplers.protocol import Matcher
 from server.engine import answer_closing
 from server.engine.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
@@ -40,16 +39,6 @@ def test_digits_are_counted_across_tokens() -> None:
     assert trailing_digits([1, 4, 2], texts.__getitem__) == 5  # ` 56` ends in two digits, then stops
     assert trailing_digits([5], texts.__getitem__) == 0
     assert trailing_digits([1] + [2] * 10, texts.__getitem__) > RUNAWAY_DIGITS
-
-
-def test_digits_inside_a_string_are_text_not_a_number() -> None:
-    """The width rule is for numbers: a 21-digit id in a string is text (grammar_tokens checks in_string)."""
-    assert in_string('{"pkey": "123456789012345678901')
-    assert not in_string('{"count": 123456789012345678901')
-    assert not in_string('{"a": "x", "b": 1234')
-    assert in_string('{"a": "q\\"12')  # an escaped quote does not end the string
-    assert not in_string("1.100000000000000000000")  # a bare number, no string open
-
 
 
 def test_the_last_chance_search_ignores_the_hold_off(monkeypatch: pytest.MonkeyPatch) -> None:
