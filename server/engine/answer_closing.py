@@ -53,6 +53,7 @@ class AnswerCloser:
         self.closed: ClosedBecause | None = None
         self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
         self.runaway_retry_at = 0  # output length before which a failed runaway search is not repeated
+        self.long_search_spent = False  # the budget's one longer search (plan_if_due) has run
         self.chosen: list[bool] = []  # per output token: the model chose it (False: the grammar dictated it)
 
     def record(self, output_len: int, chosen: list[bool]) -> None:
@@ -96,6 +97,14 @@ class AnswerCloser:
         if not self.due(room):
             return None
         plan = shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys, examples=self.examples)
+        if plan is None and self.fallback is None and not self.long_search_spent:
+            # Nothing to fall back on yet: once per answer, the runaway's longer search. On a loaded machine the
+            # per-step one missed its deadline at every check and the answer was cut (Gemma 3, Github_hard o61653).
+            self.long_search_spent = True
+            plan = shortest_completion(
+                matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S,
+                examples=self.examples,
+            )
         if plan is None:
             self.next_check = room - RETRY_EVERY
             return self.fallback

@@ -54,3 +54,25 @@ def test_the_last_chance_search_ignores_the_hold_off(monkeypatch: pytest.MonkeyP
     assert searches == [1]
     closer.plan_now(matcher, 50, 12 + 2 * answer_closing.RETRY_EVERY, str)  # the last one found none: held off
     assert searches == [1, 1]
+
+
+def test_the_budget_search_tries_once_longer_while_it_has_nothing_to_fall_back_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The per-step search has a short deadline (it holds up the whole batch's step); on a loaded machine it can
+    miss at every check, and the answer was cut. With no fallback found yet, one search per answer gets the
+    runaway's longer deadline."""
+    deadlines: list[float] = []
+
+    def search(*args: object, deadline_s: float = 0.05, **kwargs: object) -> list[int] | None:
+        deadlines.append(deadline_s)
+        return [7, 8] if deadline_s >= answer_closing.RUNAWAY_DEADLINE_S else None  # only the longer one finds it
+
+    monkeypatch.setattr(answer_closing, "shortest_completion", search)
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    matcher = cast(Matcher, None)
+    assert closer.plan_if_due(matcher, answer_closing.FIRST_CHECK, 30, str) is None  # found, with room to spare
+    assert deadlines[-1] == answer_closing.RUNAWAY_DEADLINE_S and closer.fallback == (30, [7, 8])
+    calls = len(deadlines)
+    closer.plan_if_due(matcher, 4, 70, str)  # must close now: the short search misses, the fallback is there
+    assert len(deadlines) == calls + 1  # no second long search: it runs once per answer
