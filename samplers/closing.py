@@ -187,7 +187,7 @@ class _Search:
         if self.example_at and self.example_at[-1] == len(self.scans) and self._string_held(moves):
             return None  # the example just written did not let the string end: not this pattern
         examples = self.examples if not forced and self._example_wanted(moves) else []
-        for move in [*examples, *moves]:
+        for index, move in enumerate([*examples, *moves]):
             if self.nodes <= 0:
                 return None
             taken = 0
@@ -197,7 +197,7 @@ class _Search:
                 taken += 1
             if not taken:
                 continue
-            example = move in examples
+            example = index < len(examples)  # by position: a one-token example may equal a candidate move
             self._push(move[:taken])
             if example:
                 self.example_at.append(len(self.scans))
