@@ -67,7 +67,8 @@ def _invert(mass: torch.Tensor, target: float) -> int:
     """The first index whose cumulative mass exceeds `target`: a zero-mass entry (the same cumulative mass
     as its predecessor) is never the answer; rounding past the end gives the last entry with mass."""
     cdf = torch.cumsum(mass.double(), dim=0)
-    index = int(torch.searchsorted(cdf, torch.tensor([max(target, 0.0)], dtype=torch.float64), right=True))
+    key = torch.tensor([max(target, 0.0)], dtype=torch.float64, device=cdf.device)  # on a GPU too
+    index = int(torch.searchsorted(cdf, key, right=True))
     if index < mass.shape[0]:
         return index
     return int(torch.nonzero(mass > 0)[-1]) if bool((mass > 0).any()) else mass.shape[0] - 1

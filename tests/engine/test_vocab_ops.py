@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from server.engine.vocab_ops import draw, filter_logits, row_argmax
@@ -79,3 +80,19 @@ def test_draw_over_the_whole_vocabulary_reaches_every_chunk_and_the_tail() -> No
     assert set(int(t) for t in counts) == set(support)
     for token, share in counts.items():
         assert abs(float(share) - support[int(token)]) < 0.03
+
+
+# CI has no GPU: the CUDA case runs where one is present (it caught a search key left on the CPU, which failed
+# every sampled request's step on an H200) and is skipped, saying so, everywhere else.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_draw_works_where_the_logits_are(device: str) -> None:
+    probs = torch.zeros(2, VOCAB)
+    probs[:, [7, 70_000, VOCAB - 1]] = torch.tensor([0.2, 0.5, 0.3])
+    uniforms = torch.tensor([0.1, 0.95])
+    tokens = draw(probs.to(device), uniforms.to(device))
+    assert tokens.device.type == device and tokens.tolist() == draw(probs, uniforms).tolist() == [7, VOCAB - 1]
+    logits = torch.log(probs + 1e-30).to(device)
+    assert row_argmax(logits).tolist() == [70_000, 70_000]
