@@ -14,7 +14,9 @@ tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmark
 For JSON Schema it refuses the keywords it would silently ignore (IGNORED_KEYWORDS), so a schema llguidance
 refused and xgrammar takes is held where the engine can; what it compiles but relaxes (`oneOf` as `anyOf`,
 formats, some `enum` and `maximum`) is closed by the contract guard that `auto` serves through
-(samplers/contract_guard.py)."""
+(samplers/contract_guard.py). It is given each JSON Schema with the keywords beside an `anyOf`/`oneOf` moved into
+the branches (grammars/combinator_siblings.py): it drops them otherwise, and a branch that names no type lets the
+answer be any JSON value."""
 
 from __future__ import annotations
 
