@@ -136,8 +136,8 @@ def load_model(
     )
 
 
-# Devices corral's own decoder has a recorded run on (a test result or benchmark file from a real device in
-# this repository). `auto` chooses it only there: no path is the default on a device it has never run on.
+# Devices where `auto` serves with corral's own decoder: no path is the default on a device it has not been
+# measured best on. On CUDA it ran correct but slower than transformers (docs/models.md, "On CUDA").
 OWN_DECODER_VERIFIED_DEVICES = frozenset({"cpu"})
 
 
@@ -150,7 +150,7 @@ def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
         return "transformers"
     if model_impl == "auto" and device.type not in OWN_DECODER_VERIFIED_DEVICES:
         logger.info(
-            "serving with transformers: corral's own decoder has no recorded run on %s yet "
+            "serving with transformers: corral's own decoder is not the default on %s "
             "(--model-impl corral forces it)",
             device.type,
         )
