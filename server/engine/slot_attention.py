@@ -11,6 +11,9 @@ place, as a strided view of its slot:
 - longer rows (prompts) attend one by one with their own causal mask: a prompt is never padded to
   another's length, nor another row to a prompt's.
 
+A plain decode step (one token per row, rows in consecutive slots in pack order) skips the query block: the
+pack is already in its layout, and a single row that sees all its keys needs no mask.
+
 Rolling a row back is lowering its length; positions past it are masked and later overwritten.
 
 Layers with a sliding window (Gemma 3, Mistral) keep every position too: a query at position p sees keys in
@@ -58,6 +61,9 @@ class StepPlan:
     decode_mask: torch.Tensor | None  # [slot_count, 1, queries * group, span]
     decode_window_mask: torch.Tensor | None  # the same for sliding-window layers (keys past the window hidden)
     multi: tuple[_MultiRow, ...]
+    # Every row feeds one token and the rows are consecutive slots in pack order: the pack itself is the query
+    # block (no zero-filled block, scatter or gather; 4 ms of Gemma 3's ~90 ms step at one row).
+    direct: bool = False
 
 
 class InPlaceKVCache:
@@ -125,6 +131,7 @@ class InPlaceKVCache:
             multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask, window_mask))
         decode_tokens = decode_slots = decode_query = decode_mask = decode_window_mask = None
         slot_lo = slot_count = span = queries = 0
+        direct = False
         short = count_arr <= SHORT_ROW_MAX
         if short.any():
             short_slots = slot_arr[short]
@@ -151,6 +158,11 @@ class InPlaceKVCache:
             decode_tokens = self._tensor(tokens)
             decode_slots = self._tensor(token_slots)
             decode_query = self._tensor(token_query)
+            direct = not multi and queries == 1 and np.array_equal(token_slots, np.arange(len(row_of)))
+            if direct and slot_count == 1:
+                # One row sees all its keys: no mask at all (windowed layers too while it fits the window).
+                decode_mask = None
+                decode_window_mask = None if window is None or span <= window else decode_window_mask
         self._plan = StepPlan(
             write_index,
             decode_tokens,
@@ -163,6 +175,7 @@ class InPlaceKVCache:
             decode_mask,
             decode_window_mask,
             tuple(multi),
+            direct,
         )
         return self._plan
 
@@ -185,12 +198,16 @@ class InPlaceKVCache:
             # [slots, kv_heads, span, head_dim] views of the slots' regions: no copy.
             keys = k_buf[lo:hi, : plan.span].transpose(1, 2)
             values = v_buf[lo:hi, : plan.span].transpose(1, 2)
+            mask = plan.decode_window_mask if windowed else plan.decode_mask
+            if plan.direct:
+                flat_query = q.reshape(plan.slot_count, self.num_kv_heads, group, self.head_dim)
+                attn = F.scaled_dot_product_attention(flat_query, keys, values, attn_mask=mask, scale=self.scale)
+                return attn.reshape(-1, self.num_heads, self.head_dim)
             # Query block per slot: [slots, kv_heads, queries, group, head_dim], flattened to queries * group.
             query = q.new_zeros(plan.slot_count, self.num_kv_heads, plan.queries, group, self.head_dim)
             picked = q.index_select(0, plan.decode_tokens).view(-1, self.num_kv_heads, group, self.head_dim)
             query[plan.decode_slots, :, plan.decode_query] = picked
             flat_query = query.view(plan.slot_count, self.num_kv_heads, plan.queries * group, self.head_dim)
-            mask = plan.decode_window_mask if windowed else plan.decode_mask
             attn = F.scaled_dot_product_attention(flat_query, keys, values, attn_mask=mask, scale=self.scale)
             attn = attn.view(plan.slot_count, self.num_kv_heads, plan.queries, group, self.head_dim)
             out[plan.decode_tokens] = attn[plan.decode_slots, :, plan.decode_query].reshape(
