@@ -186,7 +186,7 @@ def _projection(
     weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
-        return QuantizedProjection(weight, bias, quantization)
+        return QuantizedProjection(weight, bias, quantization, keep_rows=False)  # nothing selects a layer's rows
     return Projection(weight, bias)
 
 

@@ -33,23 +33,26 @@ def _weight(out_features: int, in_features: int, seed: int = 0) -> torch.Tensor:
 
 
 # w8a8 also rounds the input to 7 bits per call: a looser bound (a full-range input measured 22 % off on AVX2).
-_INPUT_ERROR = {"int8": 2e-2, "int4": 2e-2, "w8a8": 8e-2}
+_INPUT_ERROR = {"int8": 2e-2, "int4": 2e-2, "w8a8": 8e-2, "fp16": 1e-4}  # fp16 takes float32 inputs as they are
+MODES = ["int8", "int4", "w8a8", "fp16"]
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("quantization", MODES)
 def test_kernel_output_is_the_dequantized_weight_times_the_input(quantization: str) -> None:
     weight, bias = _weight(300, 128), torch.randn(300)
     projection = QuantizedProjection(weight, bias, quantization)  # type: ignore[arg-type]
     x = torch.randn(5, 128)
     dequantized = projection.dequantized_rows(torch.arange(300))
-    inputs = x if quantization == "w8a8" else x.to(torch.bfloat16).float()
+    inputs = x if quantization in ("w8a8", "fp16") else x.to(torch.bfloat16).float()
     expected = inputs @ dequantized.T + bias
     # The weight-only kernels accumulate in their own order and round the output to bfloat16 before widening it.
     torch.testing.assert_close(projection(x), expected, rtol=1e-2, atol=_INPUT_ERROR[quantization])
     assert projection(x).dtype == torch.float32 and projection(x[None]).shape == (1, 5, 300)
 
 
-@pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.12), ("w8a8", 0.01)])
+@pytest.mark.parametrize(
+    ("quantization", "tolerance"), [("int8", 0.01), ("int4", 0.12), ("w8a8", 0.01), ("fp16", 0.001)]
+)
 def test_quantized_weights_stay_close_to_the_original(quantization: str, tolerance: float) -> None:
     weight = _weight(256, 256, seed=1)
     projection = QuantizedProjection(weight, None, quantization)  # type: ignore[arg-type]
@@ -60,6 +63,7 @@ def test_quantized_weights_stay_close_to_the_original(quantization: str, toleran
         "int8": 256 * 256 + 256 * 2,
         "w8a8": 256 * 256 + 256 * 4,  # float32 scales, as fbgemm takes them
         "int4": 256 * 256 // 2 + 256 * 256 // INT4_GROUP * 4,
+        "fp16": 256 * 256 * 2,
     }[quantization]
     assert projection.weight_bytes == expected
 
@@ -78,7 +82,7 @@ def test_int4_keeps_each_group_s_extremes_exactly() -> None:
     torch.testing.assert_close(projection.dequantized_rows(torch.arange(64)), weight, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("quantization", MODES)
 def test_select_gives_the_logits_the_full_projection_gives(quantization: str) -> None:
     projection = QuantizedProjection(_weight(500, 64), None, quantization)  # type: ignore[arg-type]
     x = torch.randn(3, 64)
@@ -88,7 +92,7 @@ def test_select_gives_the_logits_the_full_projection_gives(quantization: str) ->
     torch.testing.assert_close(projection.select(x, rows, columns), full[rows, columns], rtol=1e-2, atol=error)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("quantization", MODES)
 def test_a_quantized_split_head_equals_its_parts_and_selects_across_them(one_thread: None, quantization: str) -> None:
     weight = _weight(9_001, 64, seed=4)
     split = SplitProjection(weight, keep_plain=True, quantization=quantization)  # type: ignore[arg-type]
@@ -103,8 +107,21 @@ def test_a_quantized_split_head_equals_its_parts_and_selects_across_them(one_thr
 
 
 def test_int4_keeps_an_int8_head_and_w8a8_int8_layers() -> None:
-    assert [head_quantization(q) for q in ("none", "int8", "int4", "w8a8")] == ["none", "int8", "int8", "w8a8"]
-    assert [layer_quantization(q) for q in ("none", "int8", "int4", "w8a8")] == ["none", "int8", "int4", "int8"]
+    modes = ("none", "int8", "int4", "w8a8", "fp16")
+    assert [head_quantization(q) for q in modes] == ["none", "int8", "int8", "w8a8", "fp16"]
+    assert [layer_quantization(q) for q in modes] == ["none", "int8", "int4", "int8", "fp16"]
+
+
+def test_fp16_is_the_half_precision_weight_in_a_float32_product_and_a_layer_keeps_no_float_copy() -> None:
+    weight = _weight(300, 128, seed=5)
+    projection = QuantizedProjection(weight, None, "fp16")
+    x = torch.randn(4, 128)
+    torch.testing.assert_close(projection(x), x @ weight.half().float().T, rtol=0, atol=1e-5)
+    assert not projection.rounds_outputs  # float32 out: no logit refinement needed
+    layer = QuantizedProjection(weight, None, "fp16", keep_rows=False)
+    assert torch.equal(layer(x), projection(x))
+    with pytest.raises(ValueError, match="kept no rows"):
+        layer.dequantized_rows(torch.tensor([0]))
 
 
 def test_what_cannot_be_quantized_stays_a_plain_projection() -> None:
