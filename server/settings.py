@@ -105,7 +105,7 @@ class Settings(BaseSettings):
         description="quantization of corral's decoder on CPU, through torch's kernels: int8 weights (per output "
         "channel), int4 weights (groups of 32, int8 head), w8a8 (int8 weights and inputs, fbgemm), or fp16 (16-bit "
         "weights, float32 products, fbgemm); none keeps "
-        "the serving dtype; auto: int8 for a model converted from a GGUF (the built-in gemma-3-270m, FILE.gguf), "
+        "the serving dtype; auto: fp16 for a model converted from a GGUF (the built-in gemma-3-270m, FILE.gguf), "
         "else none",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")

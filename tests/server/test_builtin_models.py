@@ -116,7 +116,7 @@ def test_gemma_is_the_default_and_speaks_gemma_turns() -> None:
     assert type(loaded.model).__name__ == "LlamaFamilyModel" and loaded.vocab_size == 262_144
     assert loaded.model.config.architectures == ["Gemma3ForCausalLM"]
     assert loaded.dtype == torch.float32 and loaded.context_length == 32_768
-    assert loaded.quantization == "int8"  # `auto`: weights that came from a GGUF are served in int8
+    assert loaded.quantization == "fp16"  # `auto`: weights that came from a GGUF are served in fp16
     assert {1, 106} <= set(loaded.stop_token_ids)  # <eos> and <end_of_turn>
     tok = loaded.tokenizer
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -201,7 +201,7 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
     monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     _tiny_as_gguf(path)
-    ours = load_model(path, device="cpu", quantization="none")  # `auto` would serve a GGUF's weights in int8
+    ours = load_model(path, device="cpu", quantization="none")  # `auto` would serve a GGUF's weights in fp16
     tiny = load_model("corral-tiny", device="cpu")
     assert tiny.quantization == "none"  # `auto`: a checkpoint not from a GGUF keeps its dtype
     assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == tmp_path / "cache" / "models"
@@ -215,7 +215,7 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
     logits = [ModelRunner(m, max_batch=1, max_len=64).forward([ForwardRow(0, 0, prompt)])[0] for m in (ours, tiny)]
     torch.testing.assert_close(logits[0][: tiny.vocab_size - 1], logits[1][: tiny.vocab_size - 1])
     again = load_model(path, device="cpu")
-    assert again.path == ours.path and again.quantization == "int8"  # converted once, then reused
+    assert again.path == ours.path and again.quantization == "fp16"  # converted once, then reused
 
 
 def test_auto_keeps_the_own_decoder_off_devices_where_it_is_not_the_best(caplog: pytest.LogCaptureFixture) -> None:
