@@ -12,9 +12,10 @@ import torch
 
 from server.models.builtin import UnresolvedModel, resolve_model
 from server.models.default_model import REVISE
-from server.models.quantized_projection import QUANTIZATIONS, Quantization
+from server.models.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
 
 AUTO_QUANTIZATION: Quantization = "fp16"
+AUTO_WITHOUT_FBGEMM: Quantization = "int8"  # torch's own kernel, in every CPU build
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,9 @@ def _check_quantization(quantization: str, impl: str, device: torch.device, from
         # fp16 measured float32's accuracy on Gemma 3 270M and the fastest kernel on AVX2 (docs/models.md); a
         # GGUF's weights were rounded to 4-8 bits already, a safetensors checkpoint's were not.
         applies = from_gguf and impl == "corral" and device.type == "cpu"
-        return AUTO_QUANTIZATION if applies else "none"
+        if not applies:
+            return "none"
+        return AUTO_QUANTIZATION if fbgemm_available() else AUTO_WITHOUT_FBGEMM
     if quantization not in QUANTIZATIONS:
         choices = ", ".join(("auto", *QUANTIZATIONS))
         raise ModelLoadError(f"Unknown quantization {quantization!r}; choose {choices}.")
@@ -177,6 +180,11 @@ def _check_quantization(quantization: str, impl: str, device: torch.device, from
         raise ModelLoadError(
             f"--quantization {quantization} needs corral's own decoder (Llama family, Gemma 3), which does not "
             "serve this model here; use --quantization none."
+        )
+    if quantization in FBGEMM_MODES and not fbgemm_available():
+        raise ModelLoadError(
+            f"--quantization {quantization} runs fbgemm's kernels, which this build of torch lacks "
+            "(x86 builds carry them); use --quantization int8."
         )
     if quantization != "none" and device.type != "cpu":
         raise ModelLoadError(

@@ -36,6 +36,14 @@ _INT4_OUT_TILE = 16  # the int4 kernel's packing wants out_features in multiples
 _ACTIVATION = torch.bfloat16
 
 
+# The modes whose kernels are fbgemm's, which x86 builds of torch carry and ARM builds do not.
+FBGEMM_MODES: frozenset[Quantization] = frozenset({"w8a8", "fp16"})
+
+
+def fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
 def head_quantization(quantization: Quantization) -> Quantization:
     """The output head's: int4 models keep an int8 head, as llama.cpp's Q4_K_M files keep theirs at 6-8 bits
     (Gemma 3 270M's is Q8_0): the logits are the one place every rounding error reaches the choice of token."""

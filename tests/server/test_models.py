@@ -308,3 +308,17 @@ def test_quantization_needs_corrals_decoder_on_cpu(cache_root: Path) -> None:
             load_model("corral-tiny", device="cpu", model_impl="transformers", quantization="int4")
         with pytest.raises(ModelLoadError, match="Unknown quantization 'int3'"):
             load_model("corral-tiny", device="cpu", quantization="int3")
+
+
+def test_without_fbgemm_auto_falls_back_to_int8_and_fbgemm_modes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ARM builds of torch carry no fbgemm: `auto` serves a GGUF model in int8 there, and fp16/w8a8 say why not."""
+    from server.models import loading
+
+    cpu = torch.device("cpu")
+    assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "fp16"
+    monkeypatch.setattr(loading, "fbgemm_available", lambda: False)
+    assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "int8"
+    assert loading._check_quantization("auto", "corral", cpu, from_gguf=False) == "none"
+    for mode in ("fp16", "w8a8"):
+        with pytest.raises(ModelLoadError, match=f"--quantization {mode} runs fbgemm's kernels"):
+            loading._check_quantization(mode, "corral", cpu, from_gguf=True)
