@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grammars.features import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_SINGLE
+
 COMBINATORS = ("anyOf", "oneOf")
 # Annotations and the definitions that `$ref`s point into stay on the node itself.
 STAYS = frozenset(
@@ -32,11 +34,6 @@ _READ_TOGETHER = (
     frozenset({"minimum", "exclusiveMinimum"}),
 )
 _EVALUATION_DEPENDENT = frozenset({"unevaluatedProperties", "unevaluatedItems", "$ref", "$dynamicRef", "$recursiveRef"})
-# Where subschemas sit: one schema, a list of them, or a name -> schema map.
-_ONE = ("additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
-        "unevaluatedProperties", "unevaluatedItems")
-_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
-_MAP = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas")
 # Past this growth the engines would pay more for the copies than the rewrite is worth: the schema is kept.
 MAX_GROWTH = 4
 
@@ -73,27 +70,19 @@ def _rewrite(node: Any) -> Any:
 
 
 def _rewrite_children(node: dict[str, Any]) -> dict[str, Any]:
-    changed: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _ONE or (key == "items" and isinstance(value, dict)) or key == "dependencies":
-            new = _rewrite(value) if key != "dependencies" else _rewrite_map(value)
-        elif key in _LIST or (key == "items" and isinstance(value, list)):
-            new = [_rewrite(item) for item in value] if isinstance(value, list) else value
-            new = value if isinstance(new, list) and all(a is b for a, b in zip(new, value, strict=True)) else new
-        elif key in _MAP:
-            new = _rewrite_map(value)
-        else:
-            continue
-        if new is not value:
-            changed[key] = new
+    changed = {key: new for key, value in node.items() if (new := _rewrite_child(key, value)) is not value}
     return {**node, **changed} if changed else node
 
 
-def _rewrite_map(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return value
-    new = {name: _rewrite(schema) for name, schema in value.items()}
-    return value if all(new[name] is value[name] for name in value) else new
+def _rewrite_child(key: str, value: Any) -> Any:
+    """The subschema(s) under `key` rewritten, or `value` itself where nothing under it changed."""
+    if key in SCHEMA_MAPS and isinstance(value, dict):
+        new_map = {name: _rewrite(schema) for name, schema in value.items()}
+        return value if all(new_map[name] is value[name] for name in value) else new_map
+    if (key in SCHEMA_LISTS or key in SCHEMA_SINGLE) and isinstance(value, list):
+        new_list = [_rewrite(schema) for schema in value]
+        return value if all(a is b for a, b in zip(new_list, value, strict=True)) else new_list
+    return _rewrite(value) if key in SCHEMA_SINGLE else value
 
 
 def _merged(siblings: dict[str, Any], branch: Any) -> Any:

@@ -13,10 +13,11 @@ from typing import Any
 
 from grammars.spec import GrammarKind, GrammarSpec
 
-# Subschema-holding keywords, walked to find every keyword a schema uses anywhere.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_SINGLE = (
+# Subschema-holding keywords, walked to find every keyword a schema uses anywhere (and by the schema rewrites:
+# grammars/combinator_siblings.py). A single one may hold a list: draft 4's tuple `items`.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SCHEMA_SINGLE = (
     "items",
     "additionalProperties",
     "not",
@@ -99,15 +100,15 @@ def iter_subschemas(schema: Any) -> Iterator[dict[str, Any]]:
         if not isinstance(node, dict):
             continue
         yield node
-        for key in _SCHEMA_MAPS:
+        for key in SCHEMA_MAPS:
             value = node.get(key)
             if isinstance(value, dict):
                 stack.extend(value.values())
-        for key in _SCHEMA_LISTS:
+        for key in SCHEMA_LISTS:
             value = node.get(key)
             if isinstance(value, list):
                 stack.extend(value)
-        for key in _SCHEMA_SINGLE:
+        for key in SCHEMA_SINGLE:
             value = node.get(key)
             if isinstance(value, dict):
                 stack.append(value)

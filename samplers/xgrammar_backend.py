@@ -148,7 +148,9 @@ class XGrammarBackend:
             # No free whitespace: bounded output, no whitespace loops. xgrammar 0.2.8's generic
             # object/array rules always use ", " whatever `separators` says, so keep its defaults
             # (", " and ": ") to stay self-consistent.
-            source = _xgrammar_schema(spec.source) if spec.kind is GrammarKind.JSON_SCHEMA else '{"type":"object"}'
+            source = '{"type":"object"}'
+            if spec.kind is GrammarKind.JSON_SCHEMA:
+                source = _xgrammar_schema(spec.schema(), spec.source)
             if spec.leading_whitespace:
                 value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
                 return self._compiler.compile_grammar(xgrammar.Grammar.concat(_LEADING_WHITESPACE, value))
@@ -202,17 +204,17 @@ class XGrammarCodec:
         return XGrammarCompiled(spec, xgrammar.CompiledGrammar.deserialize_json(payload, impl.tokenizer_info))
 
 
-def _xgrammar_schema(source: str) -> str:
-    """The schema as xgrammar is given it: with the keywords beside each anyOf/oneOf inside its branches, which
-    xgrammar 0.2.8 would otherwise drop (grammars/combinator_siblings.py); the text unchanged when none moves."""
-    schema = json.loads(source)
+def _xgrammar_schema(schema: Any, source: str) -> str:
+    """The schema (and its text) as xgrammar is given it: with the keywords beside each anyOf/oneOf inside its
+    branches, which xgrammar 0.2.8 would otherwise drop (grammars/combinator_siblings.py); the text unchanged
+    when none moves."""
     rewritten = distribute_siblings(schema)
     return source if rewritten is schema else json.dumps(rewritten, ensure_ascii=False)
 
 
 def _json_grammar(schema: dict[str, Any]) -> dict[str, Any]:
     """One embedded schema as an EBNF grammar compiled exactly like a json_schema request."""
-    source = _xgrammar_schema(json.dumps(schema, ensure_ascii=False))
+    source = _xgrammar_schema(schema, json.dumps(schema, ensure_ascii=False))
     ebnf = str(xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False))
     return {"type": "grammar", "grammar": ebnf}
 
