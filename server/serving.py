@@ -88,7 +88,10 @@ class Service:
         self.backends = BackendSet(tokenizer, settings.backend_list())
         self.grammars = GrammarCache.from_options(self.backends, settings.group(CompileOptions))
         limits = settings.group(WatchdogLimits)
-        config = settings.group(EngineConfig, revision_token_id=loaded.revision_token_id, limits=limits)
+        choices = settings.cpu_thread_choices() if loaded.device.type == "cpu" else ()
+        config = settings.group(
+            EngineConfig, revision_token_id=loaded.revision_token_id, limits=limits, thread_choices=choices
+        )
         self.engine = Engine(loaded, config)
         self.loop = EngineLoop(self.engine)
         self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")

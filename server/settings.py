@@ -151,7 +151,10 @@ class Settings(BaseSettings):
         5, ge=0, description="on SIGINT/SIGTERM, how long in-flight requests may still finish before they are cut"
     )
     torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for the model (default: all cores but one, left to masks and HTTP)"
+        None,
+        ge=1,
+        description="CPU threads for the model (default: all cores but one, or all of them, chosen per forward "
+        "by measured time)",
     )
     tool_call_format: Literal["auto", "llama3_json", "hermes", "mistral"] = Field(
         "auto", description="how the model writes tool calls; auto: from its chat template (default model: llama3_json)"
@@ -212,6 +215,15 @@ class Settings(BaseSettings):
     def cpu_threads(self) -> int:
         """Torch threads on CPU: `torch_threads`, else all cores but one (left to masks and HTTP)."""
         return self.torch_threads or default_cpu_threads()
+
+    def cpu_thread_choices(self) -> tuple[int, ...]:
+        """The counts the engine chooses among per forward (server/engine/thread_tuner.py): all cores but one
+        (when masks or HTTP want a core) and all cores (when the other core is free); just `torch_threads`
+        when it is set."""
+        if self.torch_threads:
+            return (self.torch_threads,)
+        cores = os.cpu_count() or 1
+        return tuple(dict.fromkeys((default_cpu_threads(), cores)))
 
 
 def default_cpu_threads() -> int:

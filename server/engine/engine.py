@@ -29,6 +29,7 @@ from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import SeqOutput, Sequence
 from server.engine.structured_output import MaskFill, SettledMasks, StructuredOutput
+from server.engine.thread_tuner import ThreadTuner, TorchThreads, forward_key
 from server.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class EngineConfig:
     max_revisions: int = 4
     limits: WatchdogLimits = field(default_factory=WatchdogLimits)
     prefix_cache: bool = True  # reuse KV of prompt prefixes already computed (server/engine/prefix_cache.py)
+    # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py); empty:
+    # leave torch's setting alone.
+    thread_choices: tuple[int, ...] = ()
 
 
 class Engine:
@@ -67,6 +71,8 @@ class Engine:
         spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
         self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
         self.on_trip: Callable[[str], None] = lambda kind: None
+        self.threads = ThreadTuner(config.thread_choices) if len(config.thread_choices) > 1 else None
+        self._torch_threads = TorchThreads()
         # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
         # (another thread) may both end the same sequence; the first one answers.
         self._answer_lock = threading.Lock()
@@ -114,10 +120,17 @@ class Engine:
             waited = time.perf_counter() - t_wait
             return settled.restricted
 
-        t0 = time.perf_counter()
         rows_in = [ForwardRow(s.slot, s.num_cached, s.pending) for s in batch]
+        key = forward_key(masks is not None, sum(len(r.tokens) for r in rows_in))
+        if self.threads is not None:
+            threads = self.threads.choose(key)
+            self._torch_threads.use(threads)
+        t0 = time.perf_counter()
         logits = self.runner.forward(rows_in, restrict if masks is not None else None)
-        forward_ms = (time.perf_counter() - t0 - waited) * 1000
+        elapsed = time.perf_counter() - t0
+        forward_ms = (elapsed - waited) * 1000
+        if self.threads is not None:  # waiting on the masks counts: a second torch thread may slow their fill
+            self.threads.record(key, threads, elapsed * 1000)
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)

@@ -1,0 +1,103 @@
+"""How many CPU threads torch gets for each forward, chosen from the forwards' measured times.
+
+On this project's 2-core machine a second torch thread takes Gemma 3's one-row decode step from ~67 to ~51 ms
+when the other core is free, and more than doubles it (~89 -> ~185 ms) when something else keeps that core
+busy: an OpenMP thread that loses its core stalls every parallel region at the barrier. Whether the core is
+free depends on things the engine cannot see (HTTP, other processes) as well as one it can (the mask thread
+filling this step's grammar masks), so the choice is measured, per kind of forward, rather than fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class _Arm:
+    mean_ms: float = 0.0
+    samples: int = 0
+
+
+@dataclass
+class _KeyState:
+    arms: dict[int, _Arm]
+    visits: int = 0
+    last_explored: dict[int, int] = field(default_factory=dict)
+    rechecked: set[int] = field(default_factory=set)  # re-tried now: their next time replaces a stale average
+
+
+class ThreadTuner:
+    """An epsilon-greedy choice among thread counts, per key (a kind of forward: masked or not, how many
+    tokens). Each choice is tried `warmup` times first; then the one with the lowest moving average runs,
+    and each other one is re-tried every `explore_every` visits so a change in the machine's load is seen: a
+    re-try's time replaces that count's stale average (if it wins by noise, the forwards it then runs correct
+    the average within a few steps)."""
+
+    def __init__(
+        self, choices: Sequence[int], *, warmup: int = 2, explore_every: int = 32, smoothing: float = 0.3
+    ) -> None:
+        if not choices or any(c < 1 for c in choices):
+            raise ValueError(f"thread choices must be positive counts, got {list(choices)}")
+        self.choices = tuple(dict.fromkeys(choices))  # distinct, in the given order
+        self.warmup = warmup
+        self.explore_every = explore_every
+        self.smoothing = smoothing
+        self._keys: dict[Hashable, _KeyState] = {}
+
+    def choose(self, key: Hashable) -> int:
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState({c: _Arm() for c in self.choices})
+        state.visits += 1
+        for choice, arm in state.arms.items():
+            if arm.samples < self.warmup:
+                return choice
+        best = self.best(key)
+        for choice in self.choices:
+            if choice != best and state.visits - state.last_explored.get(choice, 0) >= self.explore_every:
+                state.last_explored[choice] = state.visits
+                state.rechecked.add(choice)
+                return choice
+        return best
+
+    def record(self, key: Hashable, threads: int, ms: float) -> None:
+        state = self._keys.get(key)
+        if state is None or threads not in state.arms:
+            return
+        arm = state.arms[threads]
+        fresh = arm.samples == 0 or threads in state.rechecked
+        state.rechecked.discard(threads)
+        arm.mean_ms = ms if fresh else arm.mean_ms + self.smoothing * (ms - arm.mean_ms)
+        arm.samples += 1
+
+    def best(self, key: Hashable) -> int:
+        """The choice with the lowest average so far for `key` (the first choice before any measurement)."""
+        state = self._keys.get(key)
+        if state is None:
+            return self.choices[0]
+        measured = [(arm.mean_ms, c) for c, arm in state.arms.items() if arm.samples]
+        return min(measured)[1] if measured else self.choices[0]
+
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        """Average ms per choice for every key seen (for logs and benchmarks)."""
+        return {str(k): {c: round(a.mean_ms, 2) for c, a in s.arms.items() if a.samples} for k, s in self._keys.items()}
+
+
+def forward_key(masked: bool, tokens: int) -> tuple[bool, int]:
+    """Forwards that compare: with or without a concurrent mask fill, tokens in powers of two."""
+    return masked, max(1, tokens).bit_length()
+
+
+class TorchThreads:
+    """Sets torch's intra-op threads on the calling thread (the engine's) only when the count changes."""
+
+    def __init__(self) -> None:
+        self._current = torch.get_num_threads()
+
+    def use(self, threads: int) -> None:
+        if threads != self._current:
+            torch.set_num_threads(threads)
+            self._current = threads
