@@ -9,10 +9,13 @@ filling this step's grammar masks), so the choice is measured, per kind of forwa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,11 +70,15 @@ class ThreadTuner:
         state = self._keys.get(key)
         if state is None or threads not in state.arms:
             return
+        before = self.best(key)
         arm = state.arms[threads]
         fresh = arm.samples == 0 or threads in state.rechecked
         state.rechecked.discard(threads)
         arm.mean_ms = ms if fresh else arm.mean_ms + self.smoothing * (ms - arm.mean_ms)
         arm.samples += 1
+        after = self.best(key)
+        if after != before and all(a.samples >= self.warmup for a in state.arms.values()):
+            log.debug("forwards %s now run on %d threads (ms by count: %s)", key, after, self.snapshot()[str(key)])
 
     def best(self, key: Hashable) -> int:
         """The choice with the lowest average so far for `key` (the first choice before any measurement)."""
