@@ -36,6 +36,10 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         p.add_argument("--top-p", type=float, default=1.0, help="top_p of every timed request (default 1, off)")
         p.add_argument("--no-baseline", dest="baseline", action="store_false",
                        help="skip the transformers generate baseline")
+        p.add_argument("--kinds", default="", metavar="LIST",
+                       help="constrained requests carry `corral bench kinds`' regexes, grammars or choices "
+                       "(comma-separated: regex,grammar,choice) instead of JSONSchemaBench schemas, to corral "
+                       "and to a peer in structured_outputs; needs --no-baseline")
         peer = p.add_argument_group("peer", "drive another OpenAI-compatible server (vLLM, SGLang, ...) with the "
                                     "same requests in the same run, one side after the other; see "
                                     "docs/serving-benchmark.md")
@@ -95,7 +99,8 @@ def run_serve(args: argparse.Namespace, bench: Bench) -> int:
     from benchmarks.serve.runner import ServeBenchConfig, run_serve_bench
 
     with exit_on(ValueError, 2):
-        config = config_from_args(ServeBenchConfig, args, concurrency=parse_levels(args.concurrency))
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        config = config_from_args(ServeBenchConfig, args, concurrency=parse_levels(args.concurrency), kinds=kinds)
     with exit_on(RuntimeError, 1), bench.progress() as progress:
         results = run_serve_bench(config, progress)
     _print_report(bench, results)

@@ -10,11 +10,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.stats import RequestResult
-from benchmarks.serve.workload import request_body
+from benchmarks.serve.workload import BenchCase, case_spec, request_body
 from grammars.contract import validate_output
-from grammars.spec import GrammarSpec
 
 TEXT_KEPT = 300  # characters of each answer kept in results.json, for reading failures
 
@@ -72,7 +70,7 @@ async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
     return await post(client, "/v1/chat/completions", body)
 
 
-async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concurrency: int, max_tokens: int,
+async def send(client: httpx.AsyncClient, case: BenchCase, *, mode: str, concurrency: int, max_tokens: int,
                endpoint: Endpoint = CORRAL) -> RequestResult:
     constrained = mode == "constrained"
     body = request_body(case, constrained=constrained, max_tokens=max_tokens, backend=endpoint.backend,
@@ -90,7 +88,7 @@ async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concur
     valid: bool | None = None
     if constrained and finish == "stop":
         # Judged here against the full schema, not taken from the server's own `grammar.schema_valid`.
-        valid = validate_output(GrammarSpec.json_schema(case.schema), text).valid
+        valid = validate_output(case_spec(case), text).valid
     grammar = payload.get("grammar") or {}
     return RequestResult(
         mode, concurrency, case.case_id, "ok", http_status=200, finish_reason=finish,
@@ -100,7 +98,7 @@ async def send(client: httpx.AsyncClient, case: SchemaCase, *, mode: str, concur
     )
 
 
-async def run_level(client: httpx.AsyncClient, cases: Sequence[SchemaCase], *, mode: str, concurrency: int,
+async def run_level(client: httpx.AsyncClient, cases: Sequence[BenchCase], *, mode: str, concurrency: int,
                     max_tokens: int, endpoint: Endpoint = CORRAL,
                     on_done: Callable[[RequestResult], None] | None = None,
                     ) -> tuple[list[RequestResult], float]:
@@ -108,7 +106,7 @@ async def run_level(client: httpx.AsyncClient, cases: Sequence[SchemaCase], *, m
     from the first send to the last answer."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(case: SchemaCase) -> RequestResult:
+    async def one(case: BenchCase) -> RequestResult:
         async with gate:
             result = await send(client, case, mode=mode, concurrency=concurrency, max_tokens=max_tokens,
                                 endpoint=endpoint)

@@ -21,7 +21,7 @@ from benchmarks.serve.peer import resolve_peer_model
 from benchmarks.serve.report import throughput_plot
 from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, summarize_run
-from benchmarks.serve.workload import CONSTRAINT_FIELDS, candidate_cases
+from benchmarks.serve.workload import CONSTRAINT_FIELDS, BenchCase, candidate_cases, kind_cases
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,16 @@ class ServeBenchConfig(ServerBenchConfig):
     peer_api_key: str | None = None
     temperature: float = 0.0  # every timed request of corral and the peer; the baseline stays greedy
     top_p: float = 1.0
+    kinds: tuple[str, ...] = ()  # time `corral bench kinds`' regexes, grammars or choices instead of schemas
 
     def __post_init__(self) -> None:
+        if self.kinds:
+            kind_cases(self.kinds)  # names checked here, before anything starts
+            if self.baseline:
+                raise ValueError("the baseline times JSON Schemas only: add --no-baseline to --kinds")
+            if self.peer_constraint != "structured_outputs":
+                raise ValueError("--kinds asks a peer through structured_outputs (vLLM's); "
+                                 f"--peer-constraint {self.peer_constraint} carries JSON Schemas only")
         if self.peer_constraint not in CONSTRAINT_FIELDS:
             raise ValueError(f"--peer-constraint must be one of {', '.join(CONSTRAINT_FIELDS)}, "
                              f"got {self.peer_constraint!r}")
@@ -79,7 +87,7 @@ class Silent:
 
 @dataclass
 class Selection:
-    cases: list[SchemaCase] = field(default_factory=list)
+    cases: list[BenchCase] = field(default_factory=list)
     refused: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -87,13 +95,18 @@ class Selection:
 async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, progress: Progress) -> Selection:
     """Send each candidate schema once, constrained: this fills the server's compile cache (so timed runs
     measure decoding, not compiling) and finds the schemas it refuses (400), which are replaced by spares."""
-    candidates = candidate_cases(config.data, config.schemas)
+    candidates: list[BenchCase]
+    if config.kinds:
+        candidates = list(kind_cases(config.kinds))
+        wanted = len(candidates)
+    else:
+        candidates, wanted = list(candidate_cases(config.data, config.schemas)), config.schemas
     selection = Selection()
-    progress.phase("warm-up (compile every schema once)", config.schemas)
+    progress.phase("warm-up (compile every schema once)", wanted)
     width = max(config.concurrency)
     cursor = 0
-    while len(selection.cases) < config.schemas and cursor < len(candidates):
-        batch = candidates[cursor: cursor + config.schemas - len(selection.cases)]
+    while len(selection.cases) < wanted and cursor < len(candidates):
+        batch = candidates[cursor: cursor + wanted - len(selection.cases)]
         cursor += len(batch)
         results, _ = await run_level(client, batch, mode="constrained", concurrency=width,
                                      max_tokens=config.max_tokens, endpoint=corral_endpoint(config))
@@ -105,8 +118,8 @@ async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, p
                 selection.refused.append({"schema": case.case_id, "error": result.error})
             else:
                 selection.errors.append({"schema": case.case_id, "error": result.error})
-    if len(selection.cases) < config.schemas:
-        log.warning("only %d of %d schemas were accepted", len(selection.cases), config.schemas)
+    if len(selection.cases) < wanted:
+        log.warning("only %d of %d schemas were accepted", len(selection.cases), wanted)
     # A few unconstrained requests too, so the first timed unconstrained run does not pay any first-use cost.
     for case in selection.cases[:2]:
         await send(client, case, mode="unconstrained", concurrency=1, max_tokens=config.max_tokens,
@@ -118,7 +131,7 @@ def corral_endpoint(config: ServeBenchConfig) -> Endpoint:
     return Endpoint("corral", backend=config.backend, temperature=config.temperature, top_p=config.top_p)
 
 
-async def warm_peer(client: httpx.AsyncClient, cases: list[SchemaCase], config: ServeBenchConfig,
+async def warm_peer(client: httpx.AsyncClient, cases: list[BenchCase], config: ServeBenchConfig,
                     endpoint: Endpoint, progress: Progress) -> Selection:
     """The peer gets corral's schemas once, constrained, untimed (its grammar cache warms up too); the ones it
     refuses or fails are dropped from both sides' timed runs, so both always serve the same requests."""
@@ -248,7 +261,7 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     return results
 
 
-def _timed_cases(driven: Driven) -> list[SchemaCase]:
+def _timed_cases(driven: Driven) -> list[BenchCase]:
     return driven.peer.cases if driven.peer is not None else driven.selection.cases
 
 
@@ -266,11 +279,12 @@ def _peer_section(config: ServeBenchConfig, driven: Driven) -> dict[str, Any] | 
     }
 
 
-def _baseline(cases: list[SchemaCase], config: ServeBenchConfig, progress: Progress) -> dict[str, Any]:
+def _baseline(cases: list[BenchCase], config: ServeBenchConfig, progress: Progress) -> dict[str, Any]:
     from benchmarks.serve.baseline import run_baseline
 
-    n = config.requests_per_level or len(cases)
-    workload = [cases[i % len(cases)] for i in range(n)] if cases else []
+    schemas = [c for c in cases if isinstance(c, SchemaCase)]  # every case, since --kinds has no baseline
+    n = config.requests_per_level or len(schemas)
+    workload = [schemas[i % len(schemas)] for i in range(n)] if schemas else []
     return run_baseline(workload, config.max_tokens,
                         on_start=lambda total: progress.phase("baseline: HF generate + xgrammar", total),
                         on_done=progress.advance)

@@ -11,7 +11,8 @@ import pytest
 from benchmarks.serve.cli import parse_levels
 from benchmarks.serve.report import markdown_table, ratio_lines, table_rows
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, percentile, ratio, summarize_run
-from benchmarks.serve.workload import candidate_cases, request_body
+from benchmarks.serve.workload import candidate_cases, kind_cases, request_body
+from grammars.spec import GrammarKind
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"
@@ -175,6 +176,31 @@ def test_sampled_runs_send_the_same_sampling_to_both_sides() -> None:
     assert (corral["temperature"], corral["top_p"]) == (peer["temperature"], peer["top_p"]) == (1.0, 0.9)
 
 
+def test_kinds_send_their_regex_grammar_or_choice_through_structured_outputs() -> None:
+    from benchmarks.serve.runner import ServeBenchConfig
+
+    cases = {c.case_id: c for c in kind_cases(("regex", "choice", "grammar"))}
+    assert {c.spec.kind for c in kind_cases(("grammar",))} == {GrammarKind.EBNF, GrammarKind.LARK}
+    assert all(c.spec.kind is GrammarKind.CHOICE for c in kind_cases(("choice",)))
+    date = request_body(cases["regex/date"], constrained=True, max_tokens=16, backend="auto")
+    assert date["structured_outputs"] == {"regex": r"[0-9]{4}-[0-9]{2}-[0-9]{2}", "backend": "auto"}
+    assert date["messages"] == [{"role": "user", "content": "Reply with date and nothing else."}]
+    three = request_body(cases["choice/3 choices"], constrained=True, max_tokens=16, backend=None, model="m")
+    assert three["structured_outputs"] == {"choice": ["yes", "no", "maybe"]} and three["model"] == "m"
+    csv = request_body(cases["lark/lark csv"], constrained=True, max_tokens=16, backend="llguidance")
+    assert csv["structured_outputs"]["grammar"].startswith("start: row") and "ignore_eos" not in csv
+    free = request_body(cases["regex/date"], constrained=False, max_tokens=16, backend="auto")
+    assert free["ignore_eos"] is True and "structured_outputs" not in free
+    with pytest.raises(ValueError, match="structured_outputs only"):
+        request_body(cases["regex/date"], constrained=True, max_tokens=16, backend=None, constraint="json_schema")
+    with pytest.raises(ValueError, match="--kinds takes"):
+        kind_cases(("regexes",))
+    with pytest.raises(ValueError, match="--no-baseline"):
+        ServeBenchConfig(data=SAMPLE, out=Path("x"), kinds=("regex",))
+    with pytest.raises(ValueError, match="carries JSON Schemas only"):
+        ServeBenchConfig(data=SAMPLE, out=Path("x"), kinds=("regex",), baseline=False, peer_constraint="json_schema")
+
+
 def test_parse_levels() -> None:
     assert parse_levels("1, 4,16") == (1, 4, 16)
     with pytest.raises(ValueError):
@@ -251,6 +277,30 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
     answers = {(r["server"], r["mode"], r["concurrency"], r["case_id"]): r["text"] for r in requests}
     assert {k[1:]: v for k, v in answers.items() if k[0] == "peer"} == {
         k[1:]: v for k, v in answers.items() if k[0] == "corral"}
+
+
+@pytest.mark.timeout(300)
+def test_kinds_run_against_a_peer_judges_every_finished_answer(tmp_path: Path, server: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """--kinds over the session's server, as corral and as the peer (vLLM's structured_outputs spelling)."""
+    from server.cli import main
+
+    monkeypatch.setattr("benchmarks.serve.runner.SETTLE_S", 0.0)
+    out = tmp_path / "kinds"
+    code = main(["bench", "serve", "--data", str(SAMPLE), "--kinds", "choice,grammar", "--concurrency", "2",
+                 "--max-tokens", "12", "--no-baseline", "--server", server.base_url, "--peer-url", server.base_url,
+                 "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    used = results["schemas"]["used"]
+    assert len(used) == len(kind_cases(("choice", "grammar"))) and all(u.split("/")[0] in {
+        "choice", "ebnf", "lark"} for u in used)
+    for runs in (results["runs"], results["peer"]["runs"]):
+        constrained = next(r for r in runs if r["mode"] == "constrained")
+        assert constrained["ok"] == constrained["requests"] == len(used)
+        assert constrained["finished"] > 0 and constrained["valid"] == constrained["finished"]
+    choices = [r for r in results["requests"] if r["case_id"] == "choice/3 choices" and r["mode"] == "constrained"]
+    assert choices and all(r["text"] in {"yes", "no", "maybe"} for r in choices)
 
 
 def test_bandwidth_section_puts_concurrency_1_tpot_over_the_floor() -> None:
