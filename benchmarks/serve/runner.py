@@ -241,7 +241,8 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     results: dict[str, Any] = {
         "config": {**config.as_dict(), "peer_api_key": "(set)" if config.peer_api_key else None},  # not the key
         "server": config.server_notes(base_url, server_command),
-        "schemas": {"requested": config.schemas, "used": [c.case_id for c in _timed_cases(driven)],
+        "schemas": {"requested": len(kind_cases(config.kinds)) if config.kinds else config.schemas,
+                    "used": [c.case_id for c in _timed_cases(driven)],
                     "refused": selection.refused, "errors": selection.errors},
         "notes": "Every schema was sent once before timing (compile cache warm), so timed runs exclude compile "
                  "time. Latencies are the server's per-request timings; throughput is completion tokens over "
