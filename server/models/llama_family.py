@@ -212,8 +212,18 @@ class _Layer(torch.nn.Module):
         has_qk_norm = "self_attn.q_norm.weight" in weights and "self_attn.k_norm.weight" in weights
         if shape.qk_norm and not has_qk_norm:
             raise ValueError("the checkpoint has no q_norm/k_norm weights, which this architecture needs")
-        self.q_norm = norm("self_attn.q_norm.weight") if has_qk_norm else None
-        self.k_norm = norm("self_attn.k_norm.weight") if has_qk_norm else None
+        # q and k are normed per head and rotated together, one call each for all their heads: the gain is
+        # q_norm's on the query heads and k_norm's on the key heads ([heads + kv_heads, head_dim]).
+        self.qk_norm_gain = (
+            param(
+                torch.cat([
+                    _norm_gain(weights["self_attn.q_norm.weight"], shape).expand(shape.num_heads, -1),
+                    _norm_gain(weights["self_attn.k_norm.weight"], shape).expand(shape.num_kv_heads, -1),
+                ])
+            )
+            if has_qk_norm
+            else None
+        )
         # Llama: post_attention_layernorm is the MLP's input norm. Gemma: it norms the attention output and
         # pre/post_feedforward_layernorm norm the MLP's input and output.
         self.attn_out_norm = norm("post_attention_layernorm.weight") if shape.sandwich_norms else None
@@ -318,13 +328,13 @@ class LlamaFamilyModel(torch.nn.Module):
             assert isinstance(layer, _Layer)
             cos, sin = tables[self._layer_rope[i]]
             h = F.rms_norm(x, (s.hidden_size,), layer.input_norm, eps)
-            q, k, v = torch.split(layer.qkv(h), [q_size, kv_size, kv_size], dim=-1)
-            q = q.view(-1, s.num_heads, s.head_dim)
-            k = k.view(-1, s.num_kv_heads, s.head_dim)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = F.rms_norm(q, (s.head_dim,), layer.q_norm, eps)
-                k = F.rms_norm(k, (s.head_dim,), layer.k_norm, eps)
-            attn = attend(i, _rotate(q, cos, sin), _rotate(k, cos, sin), v.view(-1, s.num_kv_heads, s.head_dim))
+            qk, v = torch.split(layer.qkv(h), [q_size + kv_size, kv_size], dim=-1)
+            qk = qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
+            if layer.qk_norm_gain is not None:
+                qk = F.rms_norm(qk, (s.head_dim,), None, eps) * layer.qk_norm_gain
+            qk = _rotate(qk, cos, sin)
+            q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
+            attn = attend(i, q, k, v.view(-1, s.num_kv_heads, s.head_dim))
             out = layer.o(attn.reshape(-1, q_size))
             if layer.attn_out_norm is not None:
                 out = F.rms_norm(out, (s.hidden_size,), layer.attn_out_norm, eps)
