@@ -86,7 +86,8 @@ def messages(case: BenchCase) -> list[dict[str, str]]:
 CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format", "json_schema")
 
 
-SO_KEYS = {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar", GrammarKind.LARK: "grammar"}
+SO_KEYS = {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar", GrammarKind.LARK: "grammar",
+           GrammarKind.CHOICE: "choice"}
 
 
 def constraint_fields(case: BenchCase, field: str, backend: str | None) -> dict[str, Any]:
@@ -100,8 +101,7 @@ def constraint_fields(case: BenchCase, field: str, backend: str | None) -> dict[
             raise ValueError(f"a {case.spec.kind.value} constraint is sent as structured_outputs only, not {field}")
         spec = case.spec
         value: Any = spec.choices() if spec.kind is GrammarKind.CHOICE else spec.source
-        key = "choice" if spec.kind is GrammarKind.CHOICE else SO_KEYS[spec.kind]
-        return {"structured_outputs": {key: value, **({"backend": backend} if backend else {})}}
+        return {"structured_outputs": {SO_KEYS[spec.kind]: value, **({"backend": backend} if backend else {})}}
     schema = case.schema
     if field == "structured_outputs":
         return {"structured_outputs": {"json": schema, **({"backend": backend} if backend else {})}}

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -121,22 +121,29 @@ class Engine:
             return settled.restricted
 
         rows_in = [ForwardRow(s.slot, s.num_cached, s.pending) for s in batch]
-        key = forward_key(masks is not None, sum(len(r.tokens) for r in rows_in))
-        if self.threads is not None:
-            threads = self.threads.choose(key)
-            self._torch_threads.use(threads)
+        chosen = self._choose_threads(masks is not None, rows_in)
         t0 = time.perf_counter()
         logits = self.runner.forward(rows_in, restrict if masks is not None else None)
         elapsed = time.perf_counter() - t0
         forward_ms = (elapsed - waited) * 1000
-        if self.threads is not None:  # waiting on the masks counts: a second torch thread may slow their fill
-            self.threads.record(key, threads, elapsed * 1000)
+        if chosen is not None and self.threads is not None:
+            # Waiting on the masks counts: a second torch thread may slow their fill.
+            self.threads.record(*chosen, elapsed * 1000)
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
         if settled is None:  # the runner did not ask: every masked row gets the full logits, masked after
             settled = self.structured.settle(batch, masks, restrictable=False)
         return logits, settled
+
+    def _choose_threads(self, masked: bool, rows: list[ForwardRow]) -> tuple[Hashable, int] | None:
+        """Set torch's threads for this forward from the tuner (none: leave them); the key and count chosen."""
+        if self.threads is None:
+            return None
+        key = forward_key(masked, sum(len(r.tokens) for r in rows))
+        threads = self.threads.choose(key)
+        self._torch_threads.use(threads)
+        return key, threads
 
     def _judge(self, batch: list[Sequence], logits: torch.Tensor, settled: SettledMasks) -> list[int]:
         """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""

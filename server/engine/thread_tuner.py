@@ -70,12 +70,15 @@ class ThreadTuner:
         state = self._keys.get(key)
         if state is None or threads not in state.arms:
             return
-        before = self.best(key)
+        watched = log.isEnabledFor(logging.DEBUG)
+        before = self.best(key) if watched else None
         arm = state.arms[threads]
         fresh = arm.samples == 0 or threads in state.rechecked
         state.rechecked.discard(threads)
         arm.mean_ms = ms if fresh else arm.mean_ms + self.smoothing * (ms - arm.mean_ms)
         arm.samples += 1
+        if not watched:
+            return
         after = self.best(key)
         if after != before and all(a.samples >= self.warmup for a in state.arms.values()):
             log.debug("forwards %s now run on %d threads (ms by count: %s)", key, after, self.snapshot()[str(key)])

@@ -1,12 +1,13 @@
 """The vocabulary projection in output slices that the engine thread and one helper thread share.
 
-On CPU the engine runs torch on `cores - 1` threads, so that the grammar-mask thread and HTTP keep a core
-(docs/serving-benchmark.md: two torch threads on two loaded cores made steps 8-10× slower, through OpenMP
-workers spinning against the mask thread). That leaves the head's matmul, most of a free-text step, on one
-core. Here its weight is packed in slices; the engine thread takes slices one by one and a helper thread
-takes them too when it gets a core, so the work is shared when the other core is idle and the engine
-thread simply does it all when it is not: nothing ever waits for a busy helper, and nothing spins. Each
-output element is computed by the same kernel over the same inputs as without the split (tested equal).
+On CPU a forward often runs torch on `cores - 1` threads, so that the grammar-mask thread and HTTP keep a
+core (docs/serving-benchmark.md: two torch threads on two loaded cores made steps 8-10× slower, through OpenMP
+workers spinning against the mask thread; the engine picks per forward, server/engine/thread_tuner.py). On one
+thread the head's matmul, most of a free-text step, would sit on one core. Here its weight is packed in
+slices; the engine thread takes slices one by one and a helper thread takes them too when it gets a core, so
+the work is shared when the other core is idle and the engine thread simply does it all when it is not:
+nothing ever waits for a busy helper, and nothing spins. Each output element is computed by the same kernel
+over the same inputs as without the split (tested equal).
 """
 
 from __future__ import annotations
