@@ -70,14 +70,19 @@ def serve(args: argparse.Namespace) -> int:
     install_log_record_factory()
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     # Heavy imports after argument parsing, so `corral --help` is instant.
+    import torch
     import uvicorn
 
     from server.app import create_app
     from server.models import ModelLoadError, ModelOptions, load_model
     from server.serving import Service
+    from server.torch_threads import on_passing_thread
 
+    cores = torch.get_num_threads()
+    torch.set_num_threads(1)  # this thread (HTTP) never forms an OpenMP team: see server/torch_threads.py
+    options = dataclasses.asdict(settings.group(ModelOptions))
     try:
-        loaded = load_model(**dataclasses.asdict(settings.group(ModelOptions)))
+        loaded = on_passing_thread(lambda: load_model(**options), threads=cores)
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         return 2

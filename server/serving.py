@@ -9,11 +9,8 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
-
-import torch
 
 from grammars.contract import has_tool_calls, validate_output
 from grammars.features import route
@@ -32,6 +29,7 @@ from server.metrics import Metrics
 from server.models import LoadedModel
 from server.modes import request_mode
 from server.settings import Settings
+from server.torch_threads import helper_pool, single_torch_thread
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +80,9 @@ class Service:
         self.settings = settings
         self.loaded = loaded
         if loaded.device.type == "cpu":
-            torch.set_num_threads(settings.cpu_threads())  # masks are filled on another thread meanwhile
+            # torch runs on the engine thread at the counts the engine picks; every other thread on one
+            # (server/torch_threads.py). Also what threads that start later take as their first count.
+            single_torch_thread()
         self.model_name = settings.served_model_name or loaded.name
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())
@@ -94,8 +94,8 @@ class Service:
         )
         self.engine = Engine(loaded, config)
         self.loop = EngineLoop(self.engine)
-        self._compile_pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="corral-compile")
-        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="corral-prepare")
+        self._compile_pool = helper_pool(settings.compile_workers, "corral-compile")
+        self._prepare_pool = helper_pool(PREPARE_THREADS, "corral-prepare")
         # How long a request may wait for a compile thread to take its compile (see `_compile`).
         self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
         self._ids = itertools.count()

@@ -44,8 +44,8 @@ class EngineConfig:
     max_revisions: int = 4
     limits: WatchdogLimits = field(default_factory=WatchdogLimits)
     prefix_cache: bool = True  # reuse KV of prompt prefixes already computed (server/engine/prefix_cache.py)
-    # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py); empty:
-    # leave torch's setting alone.
+    # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py), or the
+    # one count every forward runs with; set on the engine thread itself. Empty: leave torch's setting alone.
     thread_choices: tuple[int, ...] = ()
 
 
@@ -72,6 +72,7 @@ class Engine:
         self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
         self.on_trip: Callable[[str], None] = lambda kind: None
         self.threads = ThreadTuner(config.thread_choices) if len(config.thread_choices) > 1 else None
+        self._fixed_threads = config.thread_choices[0] if len(config.thread_choices) == 1 else None
         self._torch_threads = TorchThreads()
         # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
         # (another thread) may both end the same sequence; the first one answers.
@@ -137,8 +138,11 @@ class Engine:
         return logits, settled
 
     def _choose_threads(self, masked: bool, rows: list[ForwardRow]) -> tuple[Hashable, int] | None:
-        """Set torch's threads for this forward from the tuner (none: leave them); the key and count chosen."""
+        """Set torch's threads for this forward (on the engine thread: server/torch_threads.py) from the tuner
+        or the one count configured (none: leave them); the key and count chosen when the tuner chose."""
         if self.threads is None:
+            if self._fixed_threads is not None:
+                self._torch_threads.use(self._fixed_threads)
             return None
         key = forward_key(masked, sum(len(r.tokens) for r in rows))
         threads = self.threads.choose(key)

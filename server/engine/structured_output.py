@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +20,7 @@ from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
 from samplers.revision import ChoiceProbe
 from samplers.watchdog import FEW_ALLOWED
 from server.engine.sequence import Sequence
+from server.torch_threads import helper_pool
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class StructuredOutput:
         self._ban_stop = stop_ids
         # Masks are filled on this worker while the forward runs on the engine thread; both the
         # engines' fill calls and torch's kernels release the GIL, so the two really overlap.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
+        self._pool = helper_pool(1, "corral-mask")
 
     def start(self, batch: list[Sequence]) -> Future[MaskFill] | None:
         groups: dict[int, _Group] = {}

@@ -105,7 +105,7 @@ class TorchThreads:
     """Sets torch's intra-op threads on the calling thread (the engine's) only when the count changes."""
 
     def __init__(self) -> None:
-        self._current = torch.get_num_threads()
+        self._current: int | None = None  # unknown until the first use: the count is per thread
 
     def use(self, threads: int) -> None:
         if threads != self._current:

@@ -21,6 +21,7 @@ import torch
 
 from server.models.projection import Projection
 from server.models.quantized_projection import Quantization, QuantizedProjection, quantizable
+from server.torch_threads import single_torch_thread
 
 SPLIT_MIN_ELEMENTS = 1 << 22  # the default model's head (128,257 × 64) has 8.2 M
 SHARE_SINGLE_ROW_MIN_ELEMENTS = 1 << 26  # Gemma 3's head (262,144 × 640) has 168 M
@@ -38,6 +39,7 @@ class _Helper:
         self._jobs.put(job)
 
     def _run(self) -> None:
+        single_torch_thread()  # a slice is one thread's work (server/torch_threads.py)
         while True:
             self._jobs.get()()
 

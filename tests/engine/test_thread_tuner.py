@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -89,3 +91,24 @@ def test_the_engine_measures_both_counts_and_answers_as_with_one() -> None:
         assert outputs[0] == outputs[1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_one_configured_count_is_set_on_the_thread_that_steps() -> None:
+    loaded = load_model("corral-tiny", device="cpu")
+    engine = Engine(loaded, EngineConfig(max_batch=2, max_model_len=256, thread_choices=(2,)))
+    seen: list[int] = []
+
+    def loop() -> None:  # a fresh thread, as the engine loop's is, starting from one torch thread
+        torch.set_num_threads(1)
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        seq = Seq(request_id="a", prompt_ids=[2, 10, 11], params=params, sink=lambda out: None, streaming=False)
+        engine.add_request(seq)
+        engine.step()
+        seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join()
+    assert seen == [2]
+    assert torch.get_num_threads() == before  # the caller's thread is left alone
