@@ -80,9 +80,7 @@ class Service:
         self.settings = settings
         self.loaded = loaded
         if loaded.device.type == "cpu":
-            # torch runs on the engine thread at the counts the engine picks; every other thread on one
-            # (server/torch_threads.py). Also what threads that start later take as their first count.
-            single_torch_thread()
+            single_torch_thread()  # torch runs wide on the engine thread only (server/torch_threads.py)
         self.model_name = settings.served_model_name or loaded.name
         tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
         self.backends = BackendSet(tokenizer, settings.backend_list())

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "server.request_context",
             "server.metrics",
             "server.memory",
+            "server.torch_threads",
             "server.modes",
         ),
     ),

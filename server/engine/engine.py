@@ -71,8 +71,7 @@ class Engine:
         spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
         self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
         self.on_trip: Callable[[str], None] = lambda kind: None
-        self.threads = ThreadTuner(config.thread_choices) if len(config.thread_choices) > 1 else None
-        self._fixed_threads = config.thread_choices[0] if len(config.thread_choices) == 1 else None
+        self.threads = ThreadTuner(config.thread_choices) if config.thread_choices else None
         self._torch_threads = TorchThreads()
         # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
         # (another thread) may both end the same sequence; the first one answers.
@@ -138,11 +137,9 @@ class Engine:
         return logits, settled
 
     def _choose_threads(self, masked: bool, rows: list[ForwardRow]) -> tuple[Hashable, int] | None:
-        """Set torch's threads for this forward (on the engine thread: server/torch_threads.py) from the tuner
-        or the one count configured (none: leave them); the key and count chosen when the tuner chose."""
+        """Set torch's threads for this forward, on the engine thread (server/torch_threads.py), from the tuner
+        (none: leave them); the key and count chosen."""
         if self.threads is None:
-            if self._fixed_threads is not None:
-                self._torch_threads.use(self._fixed_threads)
             return None
         key = forward_key(masked, sum(len(r.tokens) for r in rows))
         threads = self.threads.choose(key)

@@ -51,6 +51,8 @@ class ThreadTuner:
         self._keys: dict[Hashable, _KeyState] = {}
 
     def choose(self, key: Hashable) -> int:
+        if len(self.choices) == 1:  # a fixed count (`--torch-threads`): nothing to measure
+            return self.choices[0]
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _KeyState({c: _Arm() for c in self.choices})
