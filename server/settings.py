@@ -100,11 +100,12 @@ class Settings(BaseSettings):
         description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
         "supported; on CPU only until it has run on CUDA)",
     )
-    quantization: Literal["auto", "none", "int8", "int4", "w8a8", "fp16"] = Field(
+    quantization: Literal["auto", "none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8"] = Field(
         "auto",
         description="quantization of corral's decoder on CPU, through torch's kernels: int8 weights (per output "
-        "channel), int4 weights (groups of 32, int8 head), w8a8 (int8 weights and inputs, fbgemm), or fp16 (16-bit "
-        "weights, float32 products, fbgemm); none keeps "
+        "channel), int4 weights (groups of 32, int8 head), w8a8 (int8 weights; the head's inputs int8 too, "
+        "fbgemm), fp16 (16-bit weights, float32 products, fbgemm), or fp16-w8a8 (fp16 layers, w8a8's head); "
+        "none keeps "
         "the serving dtype; auto: fp16 for a model converted from a GGUF (the built-in gemma-3-270m, FILE.gguf), "
         "else none",
     )

@@ -89,8 +89,8 @@ def load_model(
 
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
     architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "none",
-    "int8", "int4", "w8a8" or "fp16" (server/models/quantized_projection.py) for corral's decoder (CPU only), or
-    "auto": fp16 where that applies and the weights came from a GGUF, else none."""
+    "int8", "int4", "w8a8", "fp16" or "fp16-w8a8" (server/models/quantized_projection.py) for corral's decoder
+    (CPU only), or "auto": fp16 where that applies and the weights came from a GGUF, else none."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = _read_chat_template(chat_template) if chat_template is not None else None

@@ -273,7 +273,7 @@ def test_model_impl_corral_refuses_other_architectures(tmp_path: Path, cache_roo
         load_model(model_dir, device="cpu", model_impl="vllm")
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8", "fp16"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8", "fp16", "fp16-w8a8"])
 def test_quantized_decoder_tracks_the_float_one(cache_root: Path, default: LoadedModel, quantization: str) -> None:
     """Weight-only quantization changes the logits by rounding only: the same most likely tokens, close values."""
     from server.engine.model_runner import ForwardRow, ModelRunner
@@ -286,6 +286,8 @@ def test_quantized_decoder_tracks_the_float_one(cache_root: Path, default: Loade
     assert quantized.quantization == quantization and plain.quantization == "none"
     layer = quantized.model.layers[0]
     assert all(isinstance(p, QuantizedProjection) for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    if quantization == "fp16-w8a8":  # fp16 layers, an integer head
+        assert layer.qkv.bits == 16 and all(part.bits == 8 for part in quantized.model.head.parts)
     # corral-tiny is mostly its head, which stays int8 under int4 (head_quantization): ~4x fewer bytes either way;
     # fp16 halves them.
     fewer = 1.9 if quantization == "fp16" else 3.5
@@ -319,6 +321,6 @@ def test_without_fbgemm_auto_falls_back_to_int8_and_fbgemm_modes_are_refused(mon
     monkeypatch.setattr(loading, "fbgemm_available", lambda: False)
     assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "int8"
     assert loading._check_quantization("auto", "corral", cpu, from_gguf=False) == "none"
-    for mode in ("fp16", "w8a8"):
+    for mode in ("fp16", "w8a8", "fp16-w8a8"):
         with pytest.raises(ModelLoadError, match=f"--quantization {mode} runs fbgemm's kernels"):
             loading._check_quantization(mode, "corral", cpu, from_gguf=True)
