@@ -34,7 +34,10 @@ def on_passing_thread(work: Callable[[], T], threads: int, name: str = "corral-l
         except BaseException as exc:  # handed to the caller, which raises it on its own thread
             errors.append(exc)
 
-    thread = threading.Thread(target=run, name=name)
+    # A daemon, so that Ctrl-C while it works (a first start converts the model for minutes) ends the process
+    # at once instead of waiting for the work; what it writes to the model cache is renamed into place only
+    # when complete (server/models/build_cache.py).
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join()
     if errors:

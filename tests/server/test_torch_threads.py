@@ -23,6 +23,7 @@ def test_work_on_a_passing_thread_runs_with_the_threads_asked_and_the_thread_is_
     thread, threads = on_passing_thread(lambda: (threading.current_thread(), torch.get_num_threads()), threads=2)
     assert thread is not threading.current_thread()
     assert not thread.is_alive()  # its OpenMP team went with it
+    assert thread.daemon  # Ctrl-C during a long load ends the process without waiting for the load
     assert threads == 2
     assert torch.get_num_threads() == 1  # the caller's count is its own
 
