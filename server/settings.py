@@ -213,10 +213,6 @@ class Settings(BaseSettings):
     def backend_list(self) -> list[str]:
         return [b.strip() for b in self.backends.split(",") if b.strip()]
 
-    def cpu_threads(self) -> int:
-        """Torch threads on CPU: `torch_threads`, else all cores but one (left to masks and HTTP)."""
-        return self.torch_threads or default_cpu_threads()
-
     def cpu_thread_choices(self) -> tuple[int, ...]:
         """The counts the engine chooses among per forward (server/engine/thread_tuner.py): all cores but one
         (when masks or HTTP want a core) and all cores (when the other core is free); just `torch_threads`
