@@ -194,7 +194,7 @@ FIELDS: tuple[FieldRule, ...] = (
         CORRAL,
         H,
         "false: a JSON answer starts at its first bracket or quote; true: one space or newline may come first, as "
-        "the model writes it (default: the server's `--json-leading-whitespace`, on)",
+        "the model writes it (default: the server's `--json-leading-whitespace`, off)",
         ALL,
     ),
 )
