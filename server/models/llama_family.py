@@ -186,7 +186,8 @@ def _projection(
     weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
-        return QuantizedProjection(weight, bias, quantization, keep_rows=False)  # nothing selects a layer's rows
+        # Nothing selects a layer's rows; a single row may go to ggml's kernel (server/models/row_kernel.py).
+        return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=True)
     return Projection(weight, bias)
 
 

@@ -26,6 +26,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from server.models.row_kernel import RowKernel, row_kernel_available
+
 Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8")
 
@@ -76,7 +78,9 @@ class QuantizedProjection:
 
     keep_rows (fp16): keep a reference to `weight` for `select` and `dequantized_rows` (fbgemm's packing
     cannot be read back row by row). A head passes views of the embedding it keeps anyway; a layer, whose
-    rows nothing selects, passes False so its float weight can be freed."""
+    rows nothing selects, passes False so its float weight can be freed.
+    row_kernel (fp16): a single row goes through ggml's fp16 kernel where installed (server/models/row_kernel.py),
+    which reads the weight at the memory's speed where fbgemm's does not; several rows stay with fbgemm."""
 
     __slots__ = (
         "_bias",
@@ -84,6 +88,7 @@ class QuantizedProjection:
         "_mode",
         "_offsets",
         "_packed",
+        "_row",
         "_scale_offsets",
         "_scales",
         "bits",
@@ -92,7 +97,13 @@ class QuantizedProjection:
     )
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization, *, keep_rows: bool = True
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        quantization: Quantization,
+        *,
+        keep_rows: bool = True,
+        row_kernel: bool = False,
     ) -> None:
         if not quantizable(weight, quantization):
             raise ValueError(f"cannot quantize a {tuple(weight.shape)} {weight.dtype} weight to {quantization}")
@@ -102,6 +113,7 @@ class QuantizedProjection:
         w = weight.detach().float()
         self._offsets: torch.Tensor | None = None
         self._scale_offsets: torch.Tensor | None = None
+        self._row = RowKernel(w) if quantization == "fp16" and row_kernel and row_kernel_available() else None
         if quantization == "fp16":
             self.bits = 16
             self._codes = w if keep_rows else torch.empty(0)
@@ -137,13 +149,18 @@ class QuantizedProjection:
     @property
     def rounds_outputs(self) -> bool:
         """Whether outputs come back rounded to bfloat16 (int8, int4), so that `select` is the exact value
-        (server/models/logit_refinement.py); w8a8's integer product returns float32."""
-        return self._mode not in ("w8a8", "fp16")
+        (server/models/logit_refinement.py); w8a8's integer product returns float32, and fp16's too unless
+        single rows go to ggml, which rounds their input to fp16."""
+        return self._mode not in ("w8a8", "fp16") or self._row is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._mode == "fp16":
             flat = x.reshape(-1, self.in_features).float()
-            product: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(flat, self._packed)
+            product: torch.Tensor
+            if self._row is not None and flat.shape[0] == 1:
+                product = self._row(flat)
+            else:
+                product = torch.ops.quantized.linear_dynamic_fp16(flat, self._packed)
             result = product.to(x.dtype).view(*x.shape[:-1], self.out_features)
             return result if self._bias is None else result + self._bias
         if self._mode == "w8a8":

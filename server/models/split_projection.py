@@ -21,6 +21,7 @@ import torch
 
 from server.models.projection import Projection
 from server.models.quantized_projection import Quantization, QuantizedProjection, quantizable
+from server.models.row_kernel import RowKernel, row_kernel_available
 from server.torch_threads import single_torch_thread
 
 SPLIT_MIN_ELEMENTS = 1 << 22  # the default model's head (128,257 × 64) has 8.2 M
@@ -113,6 +114,8 @@ class SplitProjection:
             self.parts = [QuantizedProjection(weight[lo:hi], None, quantization) for lo, hi in self.bounds]
             keep_plain = False  # `select` reads the quantized parts: the logits the full projection gives
         self._plain = weight if keep_plain else None
+        # fp16: a single row goes through ggml's kernel, the whole head in one call (server/models/row_kernel.py).
+        self._row = RowKernel(weight) if quantization == "fp16" and row_kernel_available() else None
         self._cores = os.cpu_count() or 1
         # A head as large as Gemma 3's takes 30-130 ms for one row on one core: a second core pays for the
         # handoff many times over (measured on its 262,144 x 640 head, one row: float32 128 -> 70 ms, int8
@@ -126,7 +129,8 @@ class SplitProjection:
     @property
     def rounds_outputs(self) -> bool:
         """As `QuantizedProjection.rounds_outputs` (a float projection's outputs are exact)."""
-        return any(isinstance(part, QuantizedProjection) and part.rounds_outputs for part in self.parts)
+        rounded_parts = any(isinstance(part, QuantizedProjection) and part.rounds_outputs for part in self.parts)
+        return self._row is not None or rounded_parts
 
     def shares_work(self, rows: int) -> bool:
         """Whether a call now hands slices to the helper thread: torch on one thread, another core, and
@@ -138,6 +142,8 @@ class SplitProjection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self._row is not None and flat.shape[0] == 1:
+            return self._row(flat.float()).to(x.dtype).view(*x.shape[:-1], self.out_features)
         first = self.parts[0]
         if (
             flat.shape[0] == 1

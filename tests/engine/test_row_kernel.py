@@ -1,0 +1,77 @@
+"""One-row fp16 products through ggml (server/models/row_kernel.py): the same product as fbgemm's within the
+fp16 rounding of the input, only for a single row, and off where the switch says torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from server.models.quantized_projection import QuantizedProjection
+from server.models.row_kernel import SWITCH_ENV, RowKernel, row_kernel_available
+from server.models.split_projection import SplitProjection
+
+pytestmark = pytest.mark.skipif(
+    not row_kernel_available(),
+    reason="ggml is off: the ggml extra is not installed (pip install -e '.[ggml]') or CORRAL_ROW_KERNEL=torch",
+)
+
+
+def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _close_to_fp16_product(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """ggml's F16 dot product takes fp16 weights and its input rounded to fp16: within that rounding of the
+    float32-input product (a wrong layout or a stale input would be off by the outputs' own size, ~0.5)."""
+    torch.testing.assert_close(out, x @ weight.half().float().T, rtol=1e-2, atol=3e-3)
+
+
+def test_a_row_is_the_fp16_product_of_its_fp16_input() -> None:
+    weight = _weight(1536, 640, seed=1)
+    x = torch.randn(1, 640)
+    out = RowKernel(weight)(x)
+    assert out.shape == (1, 1536) and out.dtype == torch.float32
+    _close_to_fp16_product(out, x, weight)
+
+
+def test_each_call_reads_its_own_input_and_returns_its_own_output() -> None:
+    kernel = RowKernel(_weight(64, 32, seed=2))
+    a, b = torch.randn(1, 32), torch.randn(1, 32)
+    first = kernel(a)
+    second = kernel(b)
+    assert not torch.equal(first, second)
+    assert torch.equal(kernel(a), first)  # the returned tensor is a copy: the next call did not overwrite it
+
+
+def test_a_layer_projection_sends_only_single_rows_to_ggml() -> None:
+    weight = _weight(300, 128, seed=3)
+    fbgemm = QuantizedProjection(weight, None, "fp16", keep_rows=False)
+    routed = QuantizedProjection(weight, None, "fp16", keep_rows=False, row_kernel=True)
+    rows = torch.randn(4, 128)
+    assert torch.equal(routed(rows), fbgemm(rows))  # several rows: fbgemm's kernel, bit for bit
+    one = rows[:1]
+    _close_to_fp16_product(routed(one), one, weight)
+    assert routed.rounds_outputs and not fbgemm.rounds_outputs  # the head's picks get refined exactly
+
+
+def test_the_head_takes_one_row_through_ggml_in_one_call() -> None:
+    weight = _weight(5000, 64, seed=4)
+    head = SplitProjection(weight, keep_plain=True, quantization="fp16")
+    one = torch.randn(1, 64)
+    _close_to_fp16_product(head(one), one, weight)
+    rows = torch.randn(3, 64)
+    torch.testing.assert_close(head(rows), rows @ weight.half().float().T, rtol=0, atol=1e-5)
+    assert head.rounds_outputs
+    # `select` stays the exact float32-input value the refinement writes back.
+    exact = head.select(one, torch.tensor([0, 0]), torch.tensor([7, 4999]))
+    torch.testing.assert_close(exact, (one @ weight.half().float().T)[0, [7, 4999]], rtol=0, atol=1e-5)
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SWITCH_ENV, "torch")
+    assert not row_kernel_available()
+    weight = _weight(300, 128, seed=5)
+    projection = QuantizedProjection(weight, None, "fp16", keep_rows=False, row_kernel=True)
+    one = torch.randn(1, 128)
+    assert not projection.rounds_outputs
+    torch.testing.assert_close(projection(one), one @ weight.half().float().T, rtol=0, atol=1e-5)
