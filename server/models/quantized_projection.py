@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from server.models.row_kernel import RowKernel, row_kernel_available
+from server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, row_kernel_available
 
 Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8")
@@ -79,8 +79,9 @@ class QuantizedProjection:
     keep_rows (fp16): keep a reference to `weight` for `select` and `dequantized_rows` (fbgemm's packing
     cannot be read back row by row). A head passes views of the embedding it keeps anyway; a layer, whose
     rows nothing selects, passes False so its float weight can be freed.
-    row_kernel (fp16): a single row goes through ggml's fp16 kernel where installed (server/models/row_kernel.py),
-    which reads the weight at the memory's speed where fbgemm's does not; several rows stay with fbgemm."""
+    row_kernel (fp16): up to LAYER_MAX_ROWS rows go through ggml's fp16 kernel where installed
+    (server/models/row_kernel.py), which reads the weight at the memory's speed where fbgemm's does not; more
+    rows stay with fbgemm."""
 
     __slots__ = (
         "_bias",
@@ -113,7 +114,8 @@ class QuantizedProjection:
         w = weight.detach().float()
         self._offsets: torch.Tensor | None = None
         self._scale_offsets: torch.Tensor | None = None
-        self._row = RowKernel(w) if quantization == "fp16" and row_kernel and row_kernel_available() else None
+        use_row_kernel = quantization == "fp16" and row_kernel and row_kernel_available()
+        self._row = RowKernel(w, max_rows=LAYER_MAX_ROWS) if use_row_kernel else None
         if quantization == "fp16":
             self.bits = 16
             self._codes = w if keep_rows else torch.empty(0)
@@ -157,7 +159,7 @@ class QuantizedProjection:
         if self._mode == "fp16":
             flat = x.reshape(-1, self.in_features).float()
             product: torch.Tensor
-            if self._row is not None and flat.shape[0] == 1:
+            if self._row is not None and self._row.takes(flat.shape[0]):
                 product = self._row(flat)
             else:
                 product = torch.ops.quantized.linear_dynamic_fp16(flat, self._packed)

@@ -142,7 +142,7 @@ class SplitProjection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self._row is not None and flat.shape[0] == 1:
+        if self._row is not None and self._row.takes(flat.shape[0]):
             return self._row(flat.float()).to(x.dtype).view(*x.shape[:-1], self.out_features)
         first = self.parts[0]
         if (

@@ -1,5 +1,6 @@
-"""One-row fp16 products through ggml (server/models/row_kernel.py): the same product as fbgemm's within the
-fp16 rounding of the input, only for a single row, and off where the switch says torch."""
+"""fp16 products of a few rows through ggml (server/models/row_kernel.py): the same product as fbgemm's within
+the fp16 rounding of the input, for up to four rows in a layer and one in the head, off where the switch says
+torch."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from server.models.quantized_projection import QuantizedProjection
-from server.models.row_kernel import SWITCH_ENV, RowKernel, row_kernel_available
+from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, row_kernel_available
 from server.models.split_projection import SplitProjection
 
 pytestmark = pytest.mark.skipif(
@@ -43,15 +44,25 @@ def test_each_call_reads_its_own_input_and_returns_its_own_output() -> None:
     assert torch.equal(kernel(a), first)  # the returned tensor is a copy: the next call did not overwrite it
 
 
-def test_a_layer_projection_sends_only_single_rows_to_ggml() -> None:
+def test_a_layer_projection_sends_up_to_four_rows_to_ggml_and_more_to_fbgemm() -> None:
     weight = _weight(300, 128, seed=3)
     fbgemm = QuantizedProjection(weight, None, "fp16", keep_rows=False)
     routed = QuantizedProjection(weight, None, "fp16", keep_rows=False, row_kernel=True)
-    rows = torch.randn(4, 128)
-    assert torch.equal(routed(rows), fbgemm(rows))  # several rows: fbgemm's kernel, bit for bit
-    one = rows[:1]
-    _close_to_fp16_product(routed(one), one, weight)
+    many = torch.randn(LAYER_MAX_ROWS + 1, 128)
+    assert torch.equal(routed(many), fbgemm(many))  # past the limit: fbgemm's kernel, bit for bit
+    for rows in range(1, LAYER_MAX_ROWS + 1):
+        few = many[:rows]
+        out = routed(few)
+        _close_to_fp16_product(out, few, weight)
+        assert not torch.equal(out, fbgemm(few))  # ggml's product (its input rounded to fp16), not fbgemm's
     assert routed.rounds_outputs and not fbgemm.rounds_outputs  # the head's picks get refined exactly
+
+
+def test_a_kernel_refuses_more_rows_than_it_was_built_for() -> None:
+    kernel = RowKernel(_weight(16, 32, seed=6), max_rows=2)
+    assert kernel.takes(1) and kernel.takes(2) and not kernel.takes(3)
+    with pytest.raises(ValueError, match="1 to 2 rows"):
+        kernel(torch.randn(3, 32))
 
 
 def test_the_head_takes_one_row_through_ggml_in_one_call() -> None:
@@ -59,7 +70,7 @@ def test_the_head_takes_one_row_through_ggml_in_one_call() -> None:
     head = SplitProjection(weight, keep_plain=True, quantization="fp16")
     one = torch.randn(1, 64)
     _close_to_fp16_product(head(one), one, weight)
-    rows = torch.randn(3, 64)
+    rows = torch.randn(2, 64)  # the head sends one row only: two are fbgemm's float32-input product
     torch.testing.assert_close(head(rows), rows @ weight.half().float().T, rtol=0, atol=1e-5)
     assert head.rounds_outputs
     # `select` stays the exact float32-input value the refinement writes back.
