@@ -21,7 +21,6 @@ a pick are recomputed exactly (server/models/logit_refinement.py), so one row an
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import threading
 from typing import Any
@@ -29,10 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-log = logging.getLogger(__name__)
-
 _ggml: Any
 _ggml_utils: Any
+# torch is imported first on purpose: ggml's CPU backend links the system's libgomp.so.1, and the loader then
+# binds it to the libgomp torch already loaded (same soname), so ggml's parallel regions run on the engine
+# thread's one OpenMP team instead of a second one spinning against it on the same cores.
 try:
     import ggml as _ggml
     from ggml import utils as _ggml_utils
@@ -48,7 +48,7 @@ _compute_lock = threading.Lock()
 
 
 def row_kernel_available() -> bool:
-    """Whether one-row fp16 products go to ggml: the package is installed and the switch does not say torch."""
+    """Whether fp16 products of few rows go to ggml: the package is installed and the switch does not say torch."""
     return _ggml is not None and os.environ.get(SWITCH_ENV, "ggml").strip().lower() != "torch"
 
 
