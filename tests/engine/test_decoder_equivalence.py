@@ -106,6 +106,7 @@ CONFIGS: dict[str, Callable[[], Any]] = {
 }
 
 
+MODES = ("plain", "onednn", "cuda")  # F.linear as served small; every projection packed for oneDNN; on a GPU
 REAL = "gemma-3-270m"  # the built-in real model: its trained weights, as served
 # Real logits reach ~30; 18 layers of 640-wide fp32 sums, summed in another order, differ by up to ~2e-3.
 REAL_TOLERANCE = 5e-3
@@ -119,17 +120,22 @@ class Checkpoint:
 
 
 @pytest.fixture(scope="module",
-                params=[*((name, packed) for name in sorted(CONFIGS) for packed in (False, True)), (REAL, True)],
-                ids=lambda p: f"{p[0]}-{'onednn' if p[1] else 'plain'}")
+                params=[*((name, mode) for name in sorted(CONFIGS) for mode in MODES), (REAL, "onednn")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    """Each config twice: with the small weights on F.linear (as served), and with every projection
-    forced onto the oneDNN-packed path that real-sized weights take on CPU, the head split in slices.
-    Then the real Gemma 3 270M (real-sized, so packed as served), against transformers' Gemma3ForCausalLM."""
+    """Each config three times: with the small weights on F.linear (as served), with every projection
+    forced onto the oneDNN-packed path that real-sized weights take on CPU, the head split in slices, and on
+    CUDA where there is a GPU (against the same transformers model on the CPU). Then the real Gemma 3 270M
+    (real-sized, so packed as served), against transformers' Gemma3ForCausalLM."""
     from transformers import AutoModelForCausalLM
 
-    name, packed = request.param
+    name, mode = request.param
     if name == REAL:
         return _real_checkpoint()
+    if mode == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA: corral's decoder on a GPU against transformers on the CPU")
+    packed = mode == "onednn"
+    device = torch.device("cuda" if mode == "cuda" else "cpu")
     config = CONFIGS[name]()
     torch.manual_seed(0)
     model: Any = AutoModelForCausalLM.from_config(config)
@@ -149,7 +155,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         if packed:
             patch.setattr(projection, "PACK_MIN_ELEMENTS", 0)
             patch.setattr(split_projection, "SPLIT_MIN_ELEMENTS", 0)  # the head in slices, as served
-        ours = load_llama_family(model_dir, model.config, torch.float32, torch.device("cpu"))
+        ours = load_llama_family(model_dir, model.config, torch.float32, device)
     if packed and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN: the packed path is not taken")
     assert ours.head.packed == packed and isinstance(ours.head, split_projection.SplitProjection) == packed
@@ -162,7 +168,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         stop_token_ids=(),
         revision_token_id=None,
         context_length=256,
-        device=torch.device("cpu"),
+        device=device,
         dtype=torch.float32,
         impl="corral",
     )
@@ -217,7 +223,7 @@ def _step(runner: ModelRunner, rows: list[Row]) -> None:
     for row, got in zip(live, logits, strict=True):
         position = row.cached + len(row.pending) - 1
         del row.full[position + 1 :]
-        row.logits[position] = got
+        row.logits[position] = got.cpu()  # the reference runs on the CPU
         row.greedy.add(position)
         token = int(got.argmax())
         forced = [(token * 7 + i) % VOCAB for i in range(1, row.chunk)]
