@@ -13,9 +13,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -c constraints.txt -e '.[bench,dev]'
 	$(BIN)/pip install -c constraints.txt --no-deps instructor  # see the dev extra in pyproject.toml
 	# The ggml extra builds ggml with the C compiler (~30 s on 2 cores; pip caches the wheel). Without it corral
-	# runs the same, single decode rows a little slower (server/models/row_kernel.py).
+	# runs the same, decode steps of few rows a little slower (server/models/row_kernel.py).
 	$(BIN)/pip install -c constraints.txt -e '.[ggml]' \
-		|| echo "warning: the ggml extra did not build (no C compiler?); single fp16 rows stay on fbgemm"
+		|| echo "warning: the ggml extra did not build (no C compiler?); fp16 steps of few rows stay on fbgemm"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -152,7 +152,7 @@ class QuantizedProjection:
     def rounds_outputs(self) -> bool:
         """Whether outputs come back rounded to bfloat16 (int8, int4), so that `select` is the exact value
         (server/models/logit_refinement.py); w8a8's integer product returns float32, and fp16's too unless
-        single rows go to ggml, which rounds their input to fp16."""
+        a few rows go to ggml, which rounds their input to fp16."""
         return self._mode not in ("w8a8", "fp16") or self._row is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
