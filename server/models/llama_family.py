@@ -186,7 +186,7 @@ def _projection(
     weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
-        # Nothing selects a layer's rows; a single row may go to ggml's kernel (server/models/row_kernel.py).
+        # Nothing selects a layer's rows; steps of few tokens may go to ggml's kernel (server/models/row_kernel.py).
         return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=True)
     return Projection(weight, bias)
 
