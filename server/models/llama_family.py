@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
+from server.models.ggml_layers import GgmlLayerSteps, LayerParts, StepShape
 from server.models.logit_refinement import refine_near_top
 from server.models.projection import Projection
 from server.models.quantized_projection import (
@@ -36,6 +37,7 @@ from server.models.quantized_projection import (
     layer_quantization,
     quantizable,
 )
+from server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, layer_graphs_available
 from server.models.split_projection import SplitProjection, head_projection
 
 log = logging.getLogger(__name__)
@@ -286,6 +288,44 @@ class LlamaFamilyModel(torch.nn.Module):
         self._layer_rope = [self.rope_types.index(t) for t in shape.layer_types]
         self.inv_freqs = [ropes[t][0].to(self.embed.device) for t in self.rope_types]
         self.rope_scales = [ropes[t][1] for t in self.rope_types]
+        self.layer_steps = self._layer_graphs()
+
+    def _layer_graphs(self) -> GgmlLayerSteps | None:
+        """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
+        with the `ggml` extra) and the switch allows them (server/models/row_kernel.py)."""
+        if not layer_graphs_available():
+            return None
+        s = self.shape
+        parts: list[LayerParts] = []
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            kernels = [p.row_kernel if isinstance(p, QuantizedProjection) else None for p in projections]
+            if not all(isinstance(k, RowKernel) for k in kernels):
+                return None
+            qkv, o, gate_up, down = (k for k in kernels if isinstance(k, RowKernel))
+            biases = [p.bias if isinstance(p, QuantizedProjection) else None for p in projections]
+            parts.append(
+                LayerParts(
+                    input_norm=layer.input_norm,
+                    qkv=qkv,
+                    qkv_bias=biases[0],
+                    qk_norm_gain=layer.qk_norm_gain,
+                    o=o,
+                    o_bias=biases[1],
+                    attn_out_norm=layer.attn_out_norm,
+                    mlp_norm=layer.mlp_norm,
+                    gate_up=gate_up,
+                    gate_up_bias=biases[2],
+                    down=down,
+                    down_bias=biases[3],
+                    mlp_out_norm=layer.mlp_out_norm,
+                    rope_table=self._layer_rope[i],
+                )
+            )
+        step_shape = StepShape(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps, s.activation)
+        ropes = list(zip(self.inv_freqs, self.rope_scales, strict=True))
+        return GgmlLayerSteps(step_shape, parts, ropes, max_tokens=LAYER_MAX_ROWS)
 
     def step_read_bytes(self) -> int:
         """Bytes of weights one decode step reads: every projection and the head (the embedding only a row)."""
@@ -323,6 +363,9 @@ class LlamaFamilyModel(torch.nn.Module):
         x = F.embedding(input_ids, self.embed)
         if s.embed_scale != 1.0:
             x = x * self.embed_scale
+        if self.layer_steps is not None and self.layer_steps.takes(len(input_ids)) and x.device.type == "cpu":
+            x = self.layer_steps.run(x, positions, attend)
+            return F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
         tables = [self.rope(positions, x.dtype, t) for t in range(len(self.rope_types))]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         for i, layer in enumerate(self.layers):

@@ -149,6 +149,15 @@ class QuantizedProjection:
         return True
 
     @property
+    def row_kernel(self) -> RowKernel | None:
+        """The ggml kernel that takes few rows (fp16 with row_kernel=True where ggml is installed), else None."""
+        return self._row
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._bias
+
+    @property
     def rounds_outputs(self) -> bool:
         """Whether outputs come back rounded to bfloat16 (int8, int4), so that `select` is the exact value
         (server/models/logit_refinement.py); w8a8's integer product returns float32, and fp16's too unless

@@ -15,7 +15,9 @@ ggml's F16 dot product takes its input in fp16 too (as llama.cpp computes an F16
 rounded a little against fbgemm's (float32 input): the head reports `rounds_outputs` and the logits that decide
 a pick are recomputed exactly (server/models/logit_refinement.py), so one row and several agree on the choice.
 
-`CORRAL_ROW_KERNEL=torch` turns it off (for comparisons); without the `ggml` package it is off.
+`CORRAL_ROW_KERNEL=torch` turns it off (for comparisons), `=products` keeps ggml for the products but runs the
+rest of a layer in torch instead of as ggml graphs (server/models/ggml_layers.py); without the `ggml` package
+it is off.
 """
 
 from __future__ import annotations
@@ -40,16 +42,41 @@ except ImportError:  # the optional `ggml` extra is not installed: fbgemm serves
     _ggml = None
     _ggml_utils = None
 
-SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed) or "torch"
+SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed), "products" or "torch"
 LAYER_MAX_ROWS = 4  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
 _STATUS_SUCCESS = 0
 # ggml's runtime is process-wide and its compute is not re-entrant: one call at a time (the engine thread's).
 _compute_lock = threading.Lock()
 
 
+def ggml_modules() -> tuple[Any, Any]:
+    """The ggml bindings and their utils; raises RuntimeError where the `ggml` extra is not installed."""
+    if _ggml is None or _ggml_utils is None:
+        raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
+    return _ggml, _ggml_utils
+
+
+def run_graph(graph: Any, plan: Any) -> None:
+    """Compute a ggml graph with its plan, one graph at a time in the process."""
+    with _compute_lock:
+        status = _ggml.ggml_graph_compute(graph, ctypes.byref(plan))
+    if status != _STATUS_SUCCESS:
+        raise RuntimeError(f"ggml's graph compute failed (status {status})")
+
+
+def _switch() -> str:
+    return os.environ.get(SWITCH_ENV, "ggml").strip().lower()
+
+
 def row_kernel_available() -> bool:
     """Whether fp16 products of few rows go to ggml: the package is installed and the switch does not say torch."""
-    return _ggml is not None and os.environ.get(SWITCH_ENV, "ggml").strip().lower() != "torch"
+    return _ggml is not None and _switch() != "torch"
+
+
+def layer_graphs_available() -> bool:
+    """Whether steps of few tokens run their layers as ggml graphs (server/models/ggml_layers.py): the row
+    kernels are on and the switch does not say `products` (ggml for the products only, torch for the rest)."""
+    return row_kernel_available() and _switch() != "products"
 
 
 class _Shape:
@@ -102,6 +129,11 @@ class RowKernel:
 
     def takes(self, rows: int) -> bool:
         return 1 <= rows <= self.max_rows
+
+    @property
+    def ggml_weight(self) -> Any:
+        """The fp16 weight as a ggml tensor [in_features, out_features], for graphs that multiply by it."""
+        return self._weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, out_features] float32 for x [rows, in_features], on as many threads as torch uses here."""

@@ -1,0 +1,213 @@
+"""Steps of few tokens through ggml layer graphs (server/models/ggml_layers.py) give the logits of the same
+fp16 model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the
+family has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows,
+Gemma's sandwich norms, GELU gate and two RoPE tables; for one to four tokens in a step, from one row or
+several, with keys that left a sliding window."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from server.engine.model_runner import ForwardRow, ModelRunner
+from server.models.ggml_layers import GgmlLayerSteps
+from server.models.llama_family import LlamaFamilyModel, load_llama_family
+from server.models.loading import LoadedModel
+from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, layer_graphs_available
+
+pytestmark = pytest.mark.skipif(
+    not layer_graphs_available(),
+    reason="ggml layer graphs are off: the ggml extra is not installed (pip install -e '.[ggml]') or "
+    "CORRAL_ROW_KERNEL says torch/products",
+)
+
+VOCAB = 512
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+
+def _llama3() -> Any:
+    from transformers import LlamaConfig
+
+    scaling = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return LlamaConfig(**_COMMON, rope_parameters=scaling, tie_word_embeddings=False)
+
+
+def _qwen2() -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**_COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
+
+
+def _qwen3() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False)
+
+
+def _mistral_sliding() -> Any:
+    from transformers import MistralConfig
+
+    return MistralConfig(**_COMMON, sliding_window=12, tie_word_embeddings=False)
+
+
+def _gemma3() -> Any:
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        **_COMMON,
+        head_dim=32,
+        sliding_window=12,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=20,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+        tie_word_embeddings=True,
+    )
+
+
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama3": _llama3,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mistral-sliding": _mistral_sliding,
+    "gemma3": _gemma3,
+}
+
+
+def _fp16_model(config: Any, directory: Path) -> LlamaFamilyModel:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model: Any = AutoModelForCausalLM.from_config(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            gain = name.endswith("norm.weight")
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.1 * noise if gain else 0.08 * noise)
+            if name.endswith(".bias"):
+                param.add_(0.2)  # Qwen2's q/k/v biases: large enough that dropping one would show
+    model.save_pretrained(directory)
+    return load_llama_family(directory, model.config, torch.float32, torch.device("cpu"), quantization="fp16")
+
+
+def _runner(model: LlamaFamilyModel) -> ModelRunner:
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=None,
+        path=Path("."),
+        name="test",
+        vocab_size=VOCAB,
+        stop_token_ids=(),
+        revision_token_id=None,
+        context_length=256,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        impl="corral",
+    )
+    return ModelRunner(loaded, max_batch=4, max_len=128)
+
+
+class _Pair:
+    """The same model decoding in two runners (two KV caches): one with the layer graphs, one without."""
+
+    def __init__(self, model: LlamaFamilyModel) -> None:
+        assert isinstance(model.layer_steps, GgmlLayerSteps)
+        # Both multiply fp16 weights by fp16-rounded inputs and sum in other orders (measured: up to 9e-4 of
+        # the largest logit); ggml's GELU reads a table at the fp16-rounded gate (Gemma: 2.7e-3). A RoPE
+        # base 1 % off or a dropped bias moves them by more.
+        self.tolerance = 1e-2 if model.shape.activation == "gelu_tanh" else 3e-3
+        self.model, self.steps = model, model.layer_steps
+        self.graphs, self.torch = _runner(model), _runner(model)
+        self.worst = 0.0
+
+    def forward(self, rows: list[ForwardRow]) -> torch.Tensor:
+        with torch.inference_mode():
+            self.model.layer_steps = self.steps
+            ours = self.graphs.forward(rows)
+            self.model.layer_steps = None
+            reference = self.torch.forward(rows)
+            self.model.layer_steps = self.steps
+        assert torch.isfinite(ours).all()
+        scale = float(reference.abs().max())
+        diff = float((ours - reference).abs().max())
+        self.worst = max(self.worst, diff / scale)
+        assert diff <= self.tolerance * scale, f"logits differ by {diff} (logits up to {scale})"
+        return reference
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> None:
+    model = _fp16_model(CONFIGS[name](), tmp_path)
+    pair = _Pair(model)
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (9, 5, 13, 3)]
+    # Prefill: rows of more than LAYER_MAX_ROWS tokens take the torch path in both runners; a 3-token row
+    # and a 3-token chunk take the graphs.
+    lengths = [0] * 4
+    for slot in range(3):
+        pair.forward([ForwardRow(slot=slot, start=0, tokens=prompts[slot])])
+        lengths[slot] = len(prompts[slot])
+    pair.forward([ForwardRow(slot=3, start=0, tokens=prompts[3])])
+    lengths[3] = 3
+    picks = torch.randint(0, VOCAB, (40, 4), generator=generator).tolist()
+    for step, tokens in enumerate(picks):
+        active = [slot for slot in range(4) if slot <= step % 4]  # 1, 2, 3 and 4 rows in turn
+        if step == 10:  # one row fed a chunk of 3 tokens (forced tokens), beside another row's single token
+            rows = [
+                ForwardRow(slot=0, start=lengths[0], tokens=tokens[:3]),
+                ForwardRow(slot=1, start=lengths[1], tokens=[tokens[3]]),
+            ]
+        else:
+            rows = [ForwardRow(slot=slot, start=lengths[slot], tokens=[tokens[slot]]) for slot in active]
+        assert sum(len(r.tokens) for r in rows) <= LAYER_MAX_ROWS
+        pair.forward(rows)
+        for row in rows:
+            lengths[row.slot] += len(row.tokens)
+    assert max(lengths) > 40  # past the sliding window of 12: keys left it
+    assert pair.worst > 0.0  # the graphs did run (ggml's roundings differ from torch's order somewhere)
+
+
+def test_products_switch_keeps_the_layers_in_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SWITCH_ENV, "products")
+    model = _fp16_model(_qwen3(), tmp_path)
+    assert model.layer_steps is None
+    monkeypatch.setenv(SWITCH_ENV, "torch")
+    assert load_llama_family(tmp_path, model.config, torch.float32, torch.device("cpu"), "fp16").layer_steps is None
+
+
+def test_graphs_refuse_steps_of_more_tokens_than_they_were_built_for(tmp_path: Path) -> None:
+    model = _fp16_model(_qwen3(), tmp_path)
+    steps = model.layer_steps
+    assert steps is not None and steps.takes(LAYER_MAX_ROWS) and not steps.takes(LAYER_MAX_ROWS + 1)
+    with pytest.raises(ValueError, match=f"1 to {LAYER_MAX_ROWS} tokens"):
+        steps.run(torch.zeros(LAYER_MAX_ROWS + 1, 64), torch.arange(LAYER_MAX_ROWS + 1), lambda *a: a[1])
+
+
+def test_unquantized_models_have_no_graphs(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    config = _qwen3()
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    assert load_llama_family(tmp_path, config, torch.float32, torch.device("cpu")).layer_steps is None
