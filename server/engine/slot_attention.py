@@ -179,6 +179,13 @@ class InPlaceKVCache:
         )
         return self._plan
 
+    def decode_slots(self) -> int | None:
+        """The first slot of the bound step when it is a plain decode step (one token per row, the rows in
+        consecutive slots in pack order: `StepPlan.direct`), else None. ggml's one-graph decoder
+        (server/models/ggml_layers.py) attends such a step over this cache's buffers itself."""
+        plan = self._plan
+        return plan.slot_lo if plan is not None and plan.direct else None
+
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 

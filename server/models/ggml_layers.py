@@ -1,24 +1,25 @@
-"""A decode step of few tokens through ggml graphs, one per layer boundary: the decoder's small arithmetic off torch.
+"""Decode steps of few tokens as ggml graphs: the decoder's small arithmetic, and attention, off torch.
 
 With its products on ggml (row_kernel.py), a one-row step of Gemma 3 270M still spent ~6 ms of ~28 outside
 them: some 25 torch calls per layer (norms, the per-head q/k norm, RoPE, the gate, residual adds, views and
 casts), each a few microseconds of dispatch for a few hundred numbers (profiled: the 91 RMS norms alone
-2.5 ms). ggml runs the same arithmetic as nodes of one graph, a node for a few hundred numbers costing about
-a microsecond. Only attention stays in torch, whose KV cache it reads and writes: a step of L layers is L + 1
-graphs, each from one layer's attention output to the next one's queries, keys and values:
+2.5 ms), and ~90 us per layer of attention, most of it Python around a 9 us kernel. ggml runs the same
+arithmetic as nodes of a graph, a node for a few hundred numbers costing about a microsecond. Two forms:
 
-    graph 0:   x -> input norm -> qkv -> q/k norm -> RoPE                         (layer 0's q, k, v)
-    graph i:   layer i-1's attention -> o -> [norm] -> + x -> norm -> gate/up -> GELU or SiLU gate
-               -> down -> [norm] -> + x -> layer i's input norm -> qkv -> q/k norm -> RoPE
-    graph L:   the last layer's tail, ending at the residual stream x
+- **One graph for the whole decoder** when every row of the step feeds one token and the rows sit in
+  consecutive slots (a plain decode step: `DecodeCache.decode_slots`). Attention is ggml's too: this step's
+  keys and values are written into the torch-owned KV cache (`set_rows`, by flat index) and
+  `flash_attn_ext` reads each row's slot in place, masked to the row's length (and a sliding layer's window).
+  The graph is built per row count and per key bucket (a power of two >= the longest row): only the views'
+  data pointers move, per step, to the step's first slot.
+- **One graph per layer boundary** for other steps of up to `max_tokens` tokens (a row fed several tokens,
+  rows in scattered slots): attention stays in torch between the graphs, each running from one layer's
+  attention output to the next one's queries, keys and values.
 
 The products multiply the same fp16 weights the row kernels hold (no second copy). Arithmetic matches the
 torch path up to ggml's roundings: a product's input is rounded to fp16 (as in row_kernel.py), and ggml's GELU
 reads a table indexed by the fp16-rounded gate (llama.cpp computes Gemma this way). RoPE uses the model's own
 frequencies (as ggml frequency factors), so scaled variants need nothing of their own.
-
-Graphs are built once per token count (1 to `max_tokens`) on first use; their inputs and outputs live in
-ggml's memory and torch reads and writes them in place as views.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import ctypes
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -35,11 +36,28 @@ import torch
 from server.models.row_kernel import RowKernel, ggml_modules, run_graph
 
 _ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
-_GRAPH_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
+_BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
+_LAYER_NODES = 48  # a layer of the one-graph decoder: ~35
+_MIN_KEY_BUCKET = 64
 
 
 class Attend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class DecodeCache(Protocol):
+    """A KV cache whose layout the one-graph decoder reads and writes in place: per layer, float32 keys and
+    values [slots, max_len, kv_heads, head_dim]; flat index slot * max_len + position."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    max_len: int
+
+    def decode_slots(self) -> int | None:
+        """The first slot of the bound step when it is a plain decode step (one token per row, the rows in
+        consecutive slots in pack order), else None."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -47,19 +65,20 @@ class LayerParts:
     """One decoder layer as the graphs need it: products as row kernels, gains and biases as float tensors."""
 
     input_norm: torch.Tensor
-    qkv: RowKernel
+    qkv: tuple[RowKernel, ...]  # one kernel for q, k and v together, or three (a GGUF's blocks, each its type)
     qkv_bias: torch.Tensor | None
     qk_norm_gain: torch.Tensor | None  # [heads + kv_heads, head_dim]
     o: RowKernel
     o_bias: torch.Tensor | None
     attn_out_norm: torch.Tensor | None  # sandwich norms (Gemma)
     mlp_norm: torch.Tensor
-    gate_up: RowKernel
+    gate_up: tuple[RowKernel, ...]  # gate and up together, or two
     gate_up_bias: torch.Tensor | None
     down: RowKernel
     down_bias: torch.Tensor | None
     mlp_out_norm: torch.Tensor | None
     rope_table: int
+    window: int | None  # the layer's sliding window; None: full attention
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,7 @@ class StepShape:
     head_dim: int
     rms_eps: float
     activation: str  # "silu" or "gelu_tanh"
+    attn_scale: float  # the queries' scale in attention
 
 
 class _Params:
@@ -81,9 +101,7 @@ class _Params:
         self.ctx: Any = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
         if not self.ctx:
             raise MemoryError(f"ggml could not allocate {size} bytes for the layers' gains")
-        self._by_id: dict[int, Any] = {}
-        for tensor in tensors:
-            self._by_id[id(tensor)] = self._copy(tensor)
+        self._by_id: dict[int, Any] = {id(t): self._copy(t) for t in tensors}
 
     def _copy(self, tensor: torch.Tensor) -> Any:
         ggml, utils = ggml_modules()
@@ -106,64 +124,85 @@ class _Params:
             self.ctx = None
 
 
-class _Boundary:
-    """One graph: from layer i-1's attention output (absent for i = 0) to layer i's q, k, v (absent for i = L)."""
+class _Context:
+    """A ggml context (every tensor with its own memory) and the node-building helpers both graph forms use."""
 
-    def __init__(self, owner: _TokenGraphs, before: LayerParts | None, after: LayerParts | None) -> None:
+    def __init__(self, steps: GgmlLayerSteps, tokens: int, size: int) -> None:
         ggml, utils = ggml_modules()
-        s, ctx, tokens = owner.shape, owner.ctx, owner.tokens
-        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self.ggml, self.utils = ggml, utils
+        self.steps, self.shape, self.params, self.tokens = steps, steps.shape, steps.params, tokens
+        self.ctx: Any = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
+        if not self.ctx:
+            raise MemoryError(f"ggml could not allocate {size} bytes for {tokens}-token layer graphs")
+        self.positions = ggml.ggml_new_tensor_1d(self.ctx, ggml.GGML_TYPE_I32, tokens)
+        self.positions_in = self.view(self.positions, tokens)
+
+    def view(self, tensor: Any, *shape: int) -> torch.Tensor:
+        """Torch's view of a tensor in this context's memory."""
+        return torch.from_numpy(self.utils.to_numpy(tensor)).view(*shape)
+
+    def new(self, kind: int, *dims: int) -> Any:
+        return getattr(self.ggml, f"ggml_new_tensor_{len(dims)}d")(self.ctx, kind, *dims)
+
+    def norm(self, x: Any, gain: torch.Tensor) -> Any:
+        g = self.ggml
+        return g.ggml_mul(self.ctx, g.ggml_rms_norm(self.ctx, x, self.shape.rms_eps), self.params[gain])
+
+    def product(self, kernels: RowKernel | tuple[RowKernel, ...], x: Any, bias: torch.Tensor | None) -> Any:
+        """x times each kernel's weight, the outputs stacked in order (as one weight of their rows would give)."""
+        g = self.ggml
+        each = kernels if isinstance(kernels, tuple) else (kernels,)
+        outputs = [g.ggml_mul_mat(self.ctx, k.ggml_weight, x) for k in each]
+        y = outputs[0]
+        for more in outputs[1:]:
+            y = g.ggml_concat(self.ctx, y, more, 0)
+        return y if bias is None else g.ggml_add(self.ctx, y, self.params[bias])
+
+    def queries_keys_values(self, layer: LayerParts, x: Any) -> tuple[Any, Any]:
+        """qkv [q + 2 kv, T] (values in its last kv columns) and the normed, rotated q and k [hd, heads + kv, T]."""
+        g, s, ctx = self.ggml, self.shape, self.ctx
+        qkv = self.product(layer.qkv, self.norm(x, layer.input_norm), layer.qkv_bias)
         heads = s.num_heads + s.num_kv_heads
-        params = owner.params
+        qk = g.ggml_view_3d(ctx, qkv, s.head_dim, heads, self.tokens, s.head_dim * 4, qkv.contents.nb[1], 0)
+        if layer.qk_norm_gain is not None:
+            qk = self.norm(qk, layer.qk_norm_gain)
+        base, factors, scale = self.steps.ropes[layer.rope_table]
+        rotated = g.ggml_rope_ext(
+            ctx, qk, self.positions, factors, s.head_dim, _ROPE_NEOX, 0, base, 1.0, 0.0, scale, 0.0, 0.0
+        )
+        return qkv, rotated
 
-        def view(tensor: Any, *shape: int) -> torch.Tensor:
-            return torch.from_numpy(utils.to_numpy(tensor)).view(*shape)
+    def layer_tail(self, layer: LayerParts, x: Any, attention: Any) -> Any:
+        """The rest of a layer from its attention output [q_size, T]: o, the residual add, the MLP's."""
+        g, s, ctx = self.ggml, self.shape, self.ctx
+        out = self.product(layer.o, attention, layer.o_bias)
+        if layer.attn_out_norm is not None:
+            out = self.norm(out, layer.attn_out_norm)
+        x = g.ggml_add(ctx, x, out)
+        h = self.norm(x, layer.mlp_norm)
+        if len(layer.gate_up) == 2 and layer.gate_up_bias is None:  # separate weights: no stacking copy
+            gate, up = (self.product(k, h, None) for k in layer.gate_up)
+            split = g.ggml_swiglu_split if s.activation == "silu" else g.ggml_geglu_split
+            gated = split(ctx, gate, up)
+        else:
+            gate_up = self.product(layer.gate_up, h, layer.gate_up_bias)
+            gated = g.ggml_swiglu(ctx, gate_up) if s.activation == "silu" else g.ggml_geglu(ctx, gate_up)
+        out = self.product(layer.down, gated, layer.down_bias)
+        if layer.mlp_out_norm is not None:
+            out = self.norm(out, layer.mlp_out_norm)
+        return g.ggml_add(ctx, x, out)
 
-        def norm(x: Any, gain: torch.Tensor) -> Any:
-            return ggml.ggml_mul(ctx, ggml.ggml_rms_norm(ctx, x, s.rms_eps), params[gain])
+    def free(self) -> None:
+        if self.ctx:
+            self.ggml.ggml_free(self.ctx)
+            self.ctx = None
 
-        def product(kernel: RowKernel, x: Any, bias: torch.Tensor | None) -> Any:
-            y = ggml.ggml_mul_mat(ctx, kernel.ggml_weight, x)
-            return y if bias is None else ggml.ggml_add(ctx, y, params[bias])
 
-        x_in = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, s.hidden_size, tokens)
-        self.x_in = view(x_in, tokens, s.hidden_size)
-        self.attn_in: torch.Tensor | None = None
-        x = x_in
-        if before is not None:
-            attn = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, q_size, tokens)
-            self.attn_in = view(attn, tokens, q_size)
-            out = product(before.o, attn, before.o_bias)
-            if before.attn_out_norm is not None:
-                out = norm(out, before.attn_out_norm)
-            x = ggml.ggml_add(ctx, x, out)
-            gate_up = product(before.gate_up, norm(x, before.mlp_norm), before.gate_up_bias)
-            gated = ggml.ggml_swiglu(ctx, gate_up) if s.activation == "silu" else ggml.ggml_geglu(ctx, gate_up)
-            out = product(before.down, gated, before.down_bias)
-            if before.mlp_out_norm is not None:
-                out = norm(out, before.mlp_out_norm)
-            x = ggml.ggml_add(ctx, x, out)
-        self.graph = ggml.ggml_new_graph_custom(ctx, _GRAPH_NODES, False)
-        ggml.ggml_build_forward_expand(self.graph, x)
-        self.x_out = view(x, tokens, s.hidden_size)
-        self.q: torch.Tensor | None = None
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        if after is not None:
-            qkv = product(after.qkv, norm(x, after.input_norm), after.qkv_bias)
-            row_bytes = (q_size + 2 * kv_size) * 4
-            qk = ggml.ggml_view_3d(ctx, qkv, s.head_dim, heads, tokens, s.head_dim * 4, row_bytes, 0)
-            if after.qk_norm_gain is not None:
-                qk = norm(qk, after.qk_norm_gain)
-            base, factors, scale = owner.ropes[after.rope_table]
-            rotated = ggml.ggml_rope_ext(
-                ctx, qk, owner.positions, factors, s.head_dim, _ROPE_NEOX, 0, base, 1.0, 0.0, scale, 0.0, 0.0
-            )
-            ggml.ggml_build_forward_expand(self.graph, rotated)
-            qk_view = view(rotated, tokens, heads, s.head_dim)
-            self.q, self.k = qk_view[:, : s.num_heads], qk_view[:, s.num_heads :]
-            qkv_view = view(qkv, tokens, q_size + 2 * kv_size)
-            self.v = qkv_view[:, q_size + kv_size :].view(tokens, s.num_kv_heads, s.head_dim)
+class _Plan:
+    """A graph's compute plan per thread count, with the work buffer it points at."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
         self._plans: dict[int, tuple[Any, np.ndarray]] = {}
 
     def compute(self, threads: int) -> None:
@@ -176,53 +215,182 @@ class _Boundary:
         run_graph(self.graph, self._plans[threads][0])
 
 
-class _TokenGraphs:
-    """Every boundary's graph for one number of tokens, in one ggml context."""
+def _activation_bytes(steps: GgmlLayerSteps, tokens: int) -> int:
+    """Room for one layer's nodes at `tokens` tokens: every node has its own memory (no reuse), ~12
+    hidden-wide vectors, qkv three times and the MLP's gate/up and gated vectors. Generous on purpose: ggml
+    aborts the process when a context runs out."""
+    s = steps.shape
+    qkv = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+    widest = max(sum(k.out_features for k in part.gate_up) for part in steps.layers)
+    ggml, _ = ggml_modules()
+    return tokens * 4 * (12 * s.hidden_size + 4 * qkv + 2 * widest) + 64 * int(ggml.ggml_tensor_overhead())
+
+
+class _BoundaryGraphs:
+    """Every layer boundary's graph for one number of tokens, attention between them in torch."""
 
     def __init__(self, steps: GgmlLayerSteps, tokens: int) -> None:
-        ggml, utils = ggml_modules()
-        self.shape, self.params, self.tokens = steps.shape, steps.params, tokens
+        ggml, _ = ggml_modules()
+        per_boundary = _activation_bytes(steps, tokens) + ggml.ggml_graph_overhead_custom(_BOUNDARY_NODES, False)
+        self.context = c = _Context(steps, tokens, 2 * per_boundary * (len(steps.layers) + 1) + (1 << 16))
         s = steps.shape
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        widest = max(part.gate_up.out_features for part in steps.layers)
-        # Every node has its own memory (no reuse): a boundary holds ~10 hidden-wide vectors, qkv twice and
-        # the MLP's gate/up and gated vectors per token. Sized with room to spare: ggml aborts when it runs out.
-        per_boundary = tokens * 4 * (12 * s.hidden_size + 3 * (q_size + 2 * kv_size) + 2 * widest)
-        per_boundary += 48 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead_custom(_GRAPH_NODES, False)
-        size = 2 * per_boundary * (len(steps.layers) + 1) + (1 << 16)
-        self.ctx: Any = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
-        if not self.ctx:
-            raise MemoryError(f"ggml could not allocate {size} bytes for {tokens}-token layer graphs")
-        self.positions = ggml.ggml_new_tensor_1d(self.ctx, ggml.GGML_TYPE_I32, tokens)
-        self.positions_in = torch.from_numpy(utils.to_numpy(self.positions)).view(tokens)
-        self.ropes = steps.ropes
+        self.x_in: list[torch.Tensor] = []
+        self.attn_in: list[torch.Tensor | None] = []
+        self.x_out: list[torch.Tensor] = []
+        self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
+        self.plans: list[_Plan] = []
         layers = steps.layers
-        self.boundaries = [
-            _Boundary(self, layers[i - 1] if i > 0 else None, layers[i] if i < len(layers) else None)
-            for i in range(len(layers) + 1)
-        ]
+        for i in range(len(layers) + 1):
+            x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, tokens)
+            self.x_in.append(c.view(x, tokens, s.hidden_size))
+            attn_in = None
+            if i > 0:
+                attention = c.new(ggml.GGML_TYPE_F32, q_size, tokens)
+                attn_in = c.view(attention, tokens, q_size)
+                x = c.layer_tail(layers[i - 1], x, attention)
+            self.attn_in.append(attn_in)
+            graph = ggml.ggml_new_graph_custom(c.ctx, _BOUNDARY_NODES, False)
+            ggml.ggml_build_forward_expand(graph, x)
+            self.x_out.append(c.view(x, tokens, s.hidden_size))
+            if i < len(layers):
+                qkv, rotated = c.queries_keys_values(layers[i], x)
+                ggml.ggml_build_forward_expand(graph, rotated)
+                qk = c.view(rotated, tokens, s.num_heads + s.num_kv_heads, s.head_dim)
+                values = c.view(qkv, tokens, q_size + 2 * kv_size)[:, q_size + kv_size :]
+                q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
+                self.qkv.append((q, k, values.view(tokens, s.num_kv_heads, s.head_dim)))
+            else:
+                self.qkv.append(None)
+            self.plans.append(_Plan(graph))
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend, threads: int) -> torch.Tensor:
+        tokens = int(x.shape[0])
+        self.context.positions_in.copy_(positions)
+        self.x_in[0].copy_(x)
+        last = len(self.plans) - 1
+        for i, plan in enumerate(self.plans):
+            plan.compute(threads)
+            qkv = self.qkv[i]
+            if qkv is None:
+                break
+            attn = attend(i, *qkv)
+            attn_in = self.attn_in[i + 1]
+            assert attn_in is not None
+            attn_in.copy_(attn.reshape(tokens, -1))
+            self.x_in[i + 1].copy_(self.x_out[i])
+        return self.x_out[last].clone()
+
+
+class _DecodeGraph:
+    """The whole decoder as one graph for `rows` rows of one token each in consecutive slots, attending over
+    up to `keys` positions of each slot; ends with the final norm: [rows, hidden]."""
+
+    def __init__(self, steps: GgmlLayerSteps, cache: DecodeCache, rows: int, keys: int) -> None:
+        ggml, _ = ggml_modules()
+        layers = steps.layers
+        nodes = _LAYER_NODES * len(layers) + 16
+        size = (_activation_bytes(steps, rows) + 2 * keys * rows * 2) * len(layers)
+        size += 4 * ggml.ggml_tensor_overhead() * len(layers) + ggml.ggml_graph_overhead_custom(nodes, False)
+        self.context = c = _Context(steps, rows, 2 * size + (1 << 16))
+        s = steps.shape
+        self.rows, self.keys = rows, keys
+        kv_size = s.num_kv_heads * s.head_dim
+        slot_bytes = cache.max_len * kv_size * 4
+        x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, rows)
+        self.x_in = c.view(x, rows, s.hidden_size)
+        write = c.new(ggml.GGML_TYPE_I64, rows)
+        self.write_in = c.view(write, rows)
+        # Masks [keys, 1, 1, rows] (fp16, as flash_attn_ext takes them): 0 where a row sees a key, -inf elsewhere.
+        full_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, 1, 1, rows)
+        window_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, 1, 1, rows)
+        self.full_mask_in = c.view(full_mask, rows, keys)
+        self.window_mask_in = c.view(window_mask, rows, keys)
+        # The cache's buffers, as ggml tensors over torch's memory [kv_size, slots * max_len].
+        cache_bytes = 2 * len(layers) * ggml.ggml_tensor_overhead() + 4096
+        external = ggml.ggml_init_params(mem_size=cache_bytes, mem_buffer=None, no_alloc=True)
+        self._cache_ctx: Any = ggml.ggml_init(external)
+        self._attention_views: list[Any] = []  # their data pointers move to the step's first slot
+        self.cache_pointers: list[int] = []
+        for i, layer in enumerate(layers):
+            qkv, rotated = c.queries_keys_values(layer, x)
+            new_k = ggml.ggml_view_2d(
+                c.ctx, rotated, kv_size, rows, rotated.contents.nb[2], s.num_heads * s.head_dim * 4
+            )
+            new_v = ggml.ggml_view_2d(
+                c.ctx, qkv, kv_size, rows, qkv.contents.nb[1], (s.num_heads * s.head_dim + kv_size) * 4
+            )
+            stored = []
+            for buffer, new in ((cache.keys[i], new_k), (cache.values[i], new_v)):
+                whole = ggml.ggml_new_tensor_2d(self._cache_ctx, ggml.GGML_TYPE_F32, kv_size, buffer.numel() // kv_size)
+                whole.contents.data = buffer.data_ptr()
+                self.cache_pointers.append(buffer.data_ptr())
+                written = ggml.ggml_set_rows(c.ctx, whole, new, write)
+                # [head_dim, keys, kv_heads, rows] over the rows' slots, from the first slot (moved per step).
+                seen = ggml.ggml_view_4d(
+                    c.ctx, written, s.head_dim, keys, s.num_kv_heads, rows, kv_size * 4, s.head_dim * 4, slot_bytes, 0
+                )
+                self._attention_views.append(seen.contents)
+                stored.append(seen)
+            queries = ggml.ggml_view_4d(
+                c.ctx, rotated, s.head_dim, 1, s.num_heads, rows, rotated.contents.nb[2], s.head_dim * 4,
+                rotated.contents.nb[2], 0,
+            )
+            mask = window_mask if layer.window is not None else full_mask
+            attention = ggml.ggml_flash_attn_ext(c.ctx, queries, stored[0], stored[1], mask, s.attn_scale, 0.0, 0.0)
+            # [head_dim, heads, 1, rows] -> [q_size, rows]: the o projection's input.
+            attention = ggml.ggml_reshape_2d(c.ctx, attention, s.num_heads * s.head_dim, rows)
+            x = c.layer_tail(layer, x, attention)
+        x = c.norm(x, steps.final_norm)
+        self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
+        ggml.ggml_build_forward_expand(self.graph, x)
+        self.x_out = c.view(x, rows, s.hidden_size)
+        self._plan = _Plan(self.graph)
+        self._slot_bytes, self._max_len = slot_bytes, cache.max_len
+        self._window = next((p.window for p in layers if p.window is not None), None)
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, first_slot: int, threads: int) -> torch.Tensor:
+        c = self.context
+        c.positions_in.copy_(positions)
+        self.x_in.copy_(x)
+        slots = torch.arange(first_slot, first_slot + self.rows)
+        self.write_in.copy_(slots * self._max_len + positions)
+        keys = torch.arange(self.keys)[None, :]
+        lengths = positions[:, None] + 1
+        visible = keys < lengths
+        self.full_mask_in.copy_(torch.where(visible, 0.0, float("-inf")))
+        if self._window is not None:
+            in_window = visible & (keys >= lengths - self._window)
+            self.window_mask_in.copy_(torch.where(in_window, 0.0, float("-inf")))
+        offset = first_slot * self._slot_bytes
+        for view, base in zip(self._attention_views, self.cache_pointers, strict=True):
+            view.data = base + offset
+        self._plan.compute(threads)
+        return self.x_out.clone()
 
     def free(self) -> None:
-        ggml, _ = ggml_modules()
-        if self.ctx:
-            ggml.ggml_free(self.ctx)
-            self.ctx = None
+        self.context.free()
+        if self._cache_ctx:
+            ggml, _ = ggml_modules()
+            ggml.ggml_free(self._cache_ctx)
+            self._cache_ctx = None
 
 
 class GgmlLayerSteps:
-    """The decoder's layers for steps of 1 to `max_tokens` tokens: `run` takes the embedded tokens [T, hidden]
-    and returns the residual stream after the last layer [T, hidden] (float32), attention through `attend`."""
+    """The decoder's layers for steps of 1 to `max_tokens` tokens. `hidden` takes the embedded tokens
+    [T, hidden] and returns each row's final-normed last hidden state [rows, hidden] (float32)."""
 
     def __init__(
         self,
         shape: StepShape,
         layers: Sequence[LayerParts],
         ropes: Sequence[tuple[torch.Tensor, float]],
+        final_norm: torch.Tensor,
         max_tokens: int,
     ) -> None:
         """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale."""
-        self.shape, self.layers, self.max_tokens = shape, list(layers), max_tokens
-        gains: list[torch.Tensor] = []
+        self.shape, self.layers, self.max_tokens, self.final_norm = shape, list(layers), max_tokens, final_norm
+        gains: list[torch.Tensor] = [final_norm]
         for part in self.layers:
             optional = [part.qkv_bias, part.qk_norm_gain, part.o_bias, part.attn_out_norm, part.gate_up_bias]
             optional += [part.down_bias, part.mlp_out_norm]
@@ -233,37 +401,55 @@ class GgmlLayerSteps:
         self.ropes = [
             (base, self.params[table], float(scale)) for (base, table), (_, scale) in zip(factors, ropes, strict=True)
         ]
-        self._graphs: dict[int, _TokenGraphs] = {}
+        self._boundaries: dict[int, _BoundaryGraphs] = {}
+        self._decoders: dict[tuple[int, int], _DecodeGraph] = {}
+        self._decoders_cache: tuple[int, ...] = ()
+        self.decoder_steps = 0  # steps each form served (for tests and profiling)
+        self.boundary_steps = 0
 
     def takes(self, tokens: int) -> bool:
         return 1 <= tokens <= self.max_tokens
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def hidden(self, x: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Attend) -> torch.Tensor:
         tokens = int(x.shape[0])
         if not self.takes(tokens):
             raise ValueError(f"these layer graphs take 1 to {self.max_tokens} tokens, not {tokens}")
-        graphs = self._graphs.get(tokens)
-        if graphs is None:
-            graphs = self._graphs[tokens] = _TokenGraphs(self, tokens)
         threads = max(1, torch.get_num_threads())
-        graphs.positions_in.copy_(positions)
-        first = graphs.boundaries[0]
-        first.x_in.copy_(x)
-        for i, boundary in enumerate(graphs.boundaries):
-            boundary.compute(threads)
-            if i == len(self.layers):
-                return boundary.x_out.clone()
-            assert boundary.q is not None and boundary.k is not None and boundary.v is not None
-            attn = attend(i, boundary.q, boundary.k, boundary.v)
-            following = graphs.boundaries[i + 1]
-            assert following.attn_in is not None
-            following.attn_in.copy_(attn.reshape(tokens, -1))
-            following.x_in.copy_(boundary.x_out)
-        raise AssertionError("unreachable: the last boundary returns")
+        cache = attend if isinstance(attend, DecodeCache) and attend.keys[0].dtype == torch.float32 else None
+        first_slot = cache.decode_slots() if cache is not None else None
+        if cache is not None and first_slot is not None and len(last) == tokens:
+            # Keys in buckets of powers of two: few graphs, and flash attention skips the masked keys.
+            longest = int(positions.max()) + 1
+            keys = min(cache.max_len, max(_MIN_KEY_BUCKET, 1 << (longest - 1).bit_length()))
+            decoder = self._decoder(cache, tokens, keys)
+            self.decoder_steps += 1
+            return decoder.run(x, positions, first_slot, threads)
+        graphs = self._boundaries.get(tokens)
+        if graphs is None:
+            graphs = self._boundaries[tokens] = _BoundaryGraphs(self, tokens)
+        self.boundary_steps += 1
+        out = graphs.run(x, positions, attend, threads)
+        return torch.nn.functional.rms_norm(
+            out.index_select(0, last), (self.shape.hidden_size,), self.final_norm, self.shape.rms_eps
+        )
+
+    def _decoder(self, cache: DecodeCache, rows: int, keys: int) -> _DecodeGraph:
+        """The one-graph decoder for this cache (graphs point at its buffers: another cache drops them)."""
+        pointers = tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
+        if pointers != self._decoders_cache:
+            for graph in self._decoders.values():
+                graph.free()
+            self._decoders, self._decoders_cache = {}, pointers
+        decoder = self._decoders.get((rows, keys))
+        if decoder is None:
+            decoder = self._decoders[(rows, keys)] = _DecodeGraph(self, cache, rows, keys)
+        return decoder
 
     def __del__(self) -> None:
-        for graphs in getattr(self, "_graphs", {}).values():
-            graphs.free()
+        for graphs in getattr(self, "_boundaries", {}).values():
+            graphs.context.free()
+        for decoder in getattr(self, "_decoders", {}).values():
+            decoder.free()
         params = getattr(self, "params", None)
         if params is not None:
             params.free()

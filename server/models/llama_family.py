@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
-from server.models.ggml_layers import GgmlLayerSteps, LayerParts, StepShape
+from server.models.ggml_layers import GgmlLayerSteps, StepShape
+from server.models.gguf_blocks import QuantBlocks
+from server.models.layer_kernels import layer_parts
 from server.models.logit_refinement import refine_near_top
 from server.models.projection import Projection
 from server.models.quantized_projection import (
@@ -37,7 +39,7 @@ from server.models.quantized_projection import (
     layer_quantization,
     quantizable,
 )
-from server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, layer_graphs_available
+from server.models.row_kernel import LAYER_MAX_ROWS, layer_graphs_available
 from server.models.split_projection import SplitProjection, head_projection
 
 log = logging.getLogger(__name__)
@@ -185,16 +187,20 @@ def rope_frequencies(config: Any, head_dim: int, layer_type: str | None = None) 
 
 
 def _projection(
-    weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
+    weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization, row_kernel: bool
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
         # Nothing selects a layer's rows; steps of few tokens may go to ggml's kernel (server/models/row_kernel.py).
-        return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=True)
+        return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=row_kernel)
     return Projection(weight, bias)
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization) -> None:
+    def __init__(
+        self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization, row_kernels: bool
+    ) -> None:
+        """row_kernels: fp16 projections keep an fp16 copy on ggml for steps of few tokens (False where a
+        GGUF's blocks serve those)."""
         super().__init__()
 
         def param(t: torch.Tensor) -> torch.nn.Parameter:
@@ -210,8 +216,9 @@ class _Layer(torch.nn.Module):
         if any(b is not None for b in biases) and not all(b is not None for b in biases):
             raise ValueError("the checkpoint has biases on some but not all of q/k/v")
         qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
-        self.qkv = _projection(qkv, qkv_bias, quantization)
-        self.o = _projection(weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias"), quantization)
+        self.qkv = _projection(qkv, qkv_bias, quantization, row_kernels)
+        o_weight, o_bias = weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias")
+        self.o = _projection(o_weight, o_bias, quantization, row_kernels)
         has_qk_norm = "self_attn.q_norm.weight" in weights and "self_attn.k_norm.weight" in weights
         if shape.qk_norm and not has_qk_norm:
             raise ValueError("the checkpoint has no q_norm/k_norm weights, which this architecture needs")
@@ -236,8 +243,9 @@ class _Layer(torch.nn.Module):
         gate_up = torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")])
         gate_b, up_b = weights.get("mlp.gate_proj.bias"), weights.get("mlp.up_proj.bias")
         gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
-        self.gate_up = _projection(gate_up, gate_up_bias, quantization)
-        self.down = _projection(weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias"), quantization)
+        self.gate_up = _projection(gate_up, gate_up_bias, quantization, row_kernels)
+        down_weight, down_bias = weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias")
+        self.down = _projection(down_weight, down_bias, quantization, row_kernels)
 
 
 def _norm_gain(weight: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
@@ -262,9 +270,13 @@ class LlamaFamilyModel(torch.nn.Module):
         ropes: Mapping[str, tuple[torch.Tensor, float]],
         config: Any,
         quantization: Quantization = "none",
+        blocks: Mapping[str, QuantBlocks] | None = None,
     ) -> None:
         """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies).
-        quantization: the projections' and head's weight-only quantization (server/models/quantized_projection.py)."""
+        quantization: the projections' and head's weight-only quantization (server/models/quantized_projection.py).
+        blocks: for `gguf`, the GGUF's quantized blocks by weight name (server/models/gguf_blocks.py)."""
+        if (quantization == "gguf") != (blocks is not None):
+            raise ValueError("--quantization gguf needs the GGUF's blocks, and the blocks only serve it")
         super().__init__()
         self.shape = shape
         self.quantization = quantization
@@ -274,13 +286,17 @@ class LlamaFamilyModel(torch.nn.Module):
         for i in range(shape.num_layers):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
-            self.layers.append(_Layer(own, shape, layer_quantization(quantization)))
+            self.layers.append(_Layer(own, shape, layer_quantization(quantization), row_kernels=blocks is None))
         self.norm = torch.nn.Parameter(_norm_gain(weights.pop("model.norm.weight"), shape), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
         # grammar-restricted row computes its few allowed logits from it (restricted_logits). A quantized
         # head computes them from its own quantized values instead.
-        self.head = head_projection(self.embed if head is None else head, head_quantization(quantization))
+        self.blocks = blocks
+        head_blocks = None if blocks is None else blocks.get("lm_head.weight" if head is not None else _EMBED)
+        if blocks is not None and head_blocks is None:
+            raise ValueError("the GGUF's blocks have no output head (lm_head or a tied embedding)")
+        self.head = head_projection(self.embed if head is None else head, head_quantization(quantization), head_blocks)
         # The scale as a tensor of the model's dtype: the embedding is multiplied in that dtype, as trained.
         self.embed_scale: torch.Tensor
         self.register_buffer("embed_scale", torch.tensor(shape.embed_scale, dtype=self.embed.dtype), persistent=False)
@@ -292,43 +308,30 @@ class LlamaFamilyModel(torch.nn.Module):
 
     def _layer_graphs(self) -> GgmlLayerSteps | None:
         """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
-        with the `ggml` extra) and the switch allows them (server/models/row_kernel.py)."""
+        with the `ggml` extra, or a GGUF's blocks) and the switch allows them (server/models/row_kernel.py)."""
         if not layer_graphs_available():
+            if self.blocks is not None:
+                raise ValueError("--quantization gguf runs ggml's layer graphs, which CORRAL_ROW_KERNEL turned off")
             return None
         s = self.shape
-        parts: list[LayerParts] = []
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, _Layer)
-            projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
-            kernels = [p.row_kernel if isinstance(p, QuantizedProjection) else None for p in projections]
-            if not all(isinstance(k, RowKernel) for k in kernels):
-                return None
-            qkv, o, gate_up, down = (k for k in kernels if isinstance(k, RowKernel))
-            biases = [p.bias if isinstance(p, QuantizedProjection) else None for p in projections]
-            parts.append(
-                LayerParts(
-                    input_norm=layer.input_norm,
-                    qkv=qkv,
-                    qkv_bias=biases[0],
-                    qk_norm_gain=layer.qk_norm_gain,
-                    o=o,
-                    o_bias=biases[1],
-                    attn_out_norm=layer.attn_out_norm,
-                    mlp_norm=layer.mlp_norm,
-                    gate_up=gate_up,
-                    gate_up_bias=biases[2],
-                    down=down,
-                    down_bias=biases[3],
-                    mlp_out_norm=layer.mlp_out_norm,
-                    rope_table=self._layer_rope[i],
-                )
-            )
-        step_shape = StepShape(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps, s.activation)
+        layers = [layer for layer in self.layers if isinstance(layer, _Layer)]
+        parts = [
+            layer_parts(i, layer, self.blocks, self._layer_rope[i], s.layer_windows[i])
+            for i, layer in enumerate(layers)
+        ]
+        if any(part is None for part in parts):
+            return None
+        scale = s.attn_scale if s.attn_scale is not None else s.head_dim**-0.5
+        step_shape = StepShape(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps, s.activation, scale)
         ropes = list(zip(self.inv_freqs, self.rope_scales, strict=True))
-        return GgmlLayerSteps(step_shape, parts, ropes, max_tokens=LAYER_MAX_ROWS)
+        return GgmlLayerSteps(step_shape, [p for p in parts if p is not None], ropes, self.norm, LAYER_MAX_ROWS)
 
     def step_read_bytes(self) -> int:
-        """Bytes of weights one decode step reads: every projection and the head (the embedding only a row)."""
+        """Bytes of weights one decode step reads: every projection and the head (the embedding only a row).
+        Under `gguf`, what a step of one row reads: the GGUF's blocks."""
+        if self.blocks is not None:
+            tied = "lm_head.weight" not in self.blocks
+            return sum(b.data.nbytes for name, b in self.blocks.items() if tied or name != _EMBED)
         projections: list[Any] = [self.head]
         for layer in self.layers:
             assert isinstance(layer, _Layer)
@@ -364,8 +367,7 @@ class LlamaFamilyModel(torch.nn.Module):
         if s.embed_scale != 1.0:
             x = x * self.embed_scale
         if self.layer_steps is not None and self.layer_steps.takes(len(input_ids)) and x.device.type == "cpu":
-            x = self.layer_steps.run(x, positions, attend)
-            return F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
+            return self.layer_steps.hidden(x, positions, last, attend)
         tables = [self.rope(positions, x.dtype, t) for t in range(len(self.rope_types))]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         for i, layer in enumerate(self.layers):
@@ -420,12 +422,19 @@ class LlamaFamilyModel(torch.nn.Module):
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_EMBED = "model.embed_tokens.weight"
 
 
 def load_llama_family(
-    model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device, quantization: Quantization = "none"
+    model_dir: Path,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: Quantization = "none",
+    blocks: Mapping[str, QuantBlocks] | None = None,
 ) -> LlamaFamilyModel:
-    """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint."""
+    """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint.
+    blocks: a GGUF's quantized blocks, for `gguf` (server/models/gguf_blocks.py)."""
     shape = decoder_shape(config)
     weights = {
         name: tensor.to(device=device, dtype=dtype)
@@ -438,7 +447,7 @@ def load_llama_family(
         raise ValueError("the checkpoint has no lm_head.weight and its config does not tie it to the embedding")
     ropes = {t: rope_frequencies(config, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
     try:
-        model = LlamaFamilyModel(shape, weights, ropes, config, quantization)
+        model = LlamaFamilyModel(shape, weights, ropes, config, quantization, blocks)
     except KeyError as exc:
         raise ValueError(f"the checkpoint lacks weight {exc}") from exc
     unused = [k for k in weights if not k.startswith("model.layers.")]

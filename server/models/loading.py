@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 
-from server.models.builtin import UnresolvedModel, resolve_model
+from server.models.builtin import ResolvedModel, UnresolvedModel, resolve_model
 from server.models.default_model import REVISE
+from server.models.gguf_blocks import QuantBlocks
 from server.models.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
+from server.models.row_kernel import layer_graphs_available
 
 AUTO_QUANTIZATION: Quantization = "fp16"
 AUTO_WITHOUT_FBGEMM: Quantization = "int8"  # torch's own kernel, in every CPU build
@@ -90,7 +92,8 @@ def load_model(
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
     architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "none",
     "int8", "int4", "w8a8", "fp16" or "fp16-w8a8" (server/models/quantized_projection.py) for corral's decoder
-    (CPU only), or "auto": fp16 where that applies and the weights came from a GGUF, else none."""
+    (CPU only), "gguf" (a GGUF's own blocks on ggml for steps of few tokens, fp16 for more:
+    server/models/gguf_blocks.py), or "auto": fp16 where that applies and the weights came from a GGUF, else none."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = _read_chat_template(chat_template) if chat_template is not None else None
@@ -109,10 +112,11 @@ def load_model(
     revision_token_id = _revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, torch_device)
     quantized = _check_quantization(quantization, impl, torch_device, resolved.from_gguf)
+    blocks = _gguf_blocks(resolved) if quantized == "gguf" else None
 
     network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
     if impl == "corral":
-        network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized)
+        network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized, blocks)
     else:
         network = _load_transformers(model_dir, config, dtype_arg, torch_device)
 
@@ -190,11 +194,37 @@ def _check_quantization(quantization: str, impl: str, device: torch.device, from
         raise ModelLoadError(
             f"--quantization {quantization} runs torch's CPU kernels; on {device.type} use --quantization none."
         )
+    if quantization == "gguf" and not layer_graphs_available():
+        raise ModelLoadError(
+            "--quantization gguf multiplies the GGUF's blocks with ggml, which is not installed or is turned off "
+            "(pip install -e '.[ggml]'; CORRAL_ROW_KERNEL must not say torch or products)."
+        )
     return quantization
 
 
+def _gguf_blocks(resolved: ResolvedModel) -> dict[str, QuantBlocks]:
+    from server.models.gguf_blocks import load_blocks
+
+    if resolved.gguf_blocks is None:
+        raise ModelLoadError(
+            "--quantization gguf multiplies a GGUF's own quantized blocks; this model does not come from a GGUF "
+            "file (serve the .gguf itself, or the built-in gemma-3-270m)."
+        )
+    try:
+        return load_blocks(resolved.gguf_blocks())
+    except UnresolvedModel as exc:
+        raise ModelLoadError(f"{exc}.") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Could not read the GGUF's blocks: {_first_line(exc)}") from exc
+
+
 def _load_corral(
-    model_dir: Path, config: Any, dtype: torch.dtype | str, device: torch.device, quantization: Quantization
+    model_dir: Path,
+    config: Any,
+    dtype: torch.dtype | str,
+    device: torch.device,
+    quantization: Quantization,
+    blocks: dict[str, QuantBlocks] | None = None,
 ) -> Any:
     from server.models.checkpoint import CheckpointError
     from server.models.llama_family import load_llama_family
@@ -205,7 +235,7 @@ def _load_corral(
         dtype = saved if isinstance(saved, torch.dtype) else _DTYPES.get(str(saved), torch.float32)
     assert isinstance(dtype, torch.dtype)
     try:
-        model = load_llama_family(model_dir, text_config, dtype, device, quantization)
+        model = load_llama_family(model_dir, text_config, dtype, device, quantization, blocks)
     except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
     return model

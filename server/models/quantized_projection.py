@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, row_kernel_available
 
-Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8"]
-QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8")
+Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf")
 
 INT4_GROUP = 32  # weights per scale/offset along the input axis: the GGUF Q4_K sub-block, 4.5-5 bits a weight
 _INT4_LEVELS = 15
@@ -39,15 +39,16 @@ _ACTIVATION = torch.bfloat16
 
 
 # The modes whose kernels are fbgemm's, which x86 builds of torch carry and ARM builds do not.
-FBGEMM_MODES: frozenset[Quantization] = frozenset({"w8a8", "fp16", "fp16-w8a8"})
+FBGEMM_MODES: frozenset[Quantization] = frozenset({"w8a8", "fp16", "fp16-w8a8", "gguf"})
 
 
 def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-_HEAD_QUANTIZATION: dict[Quantization, Quantization] = {"int4": "int8", "fp16-w8a8": "w8a8"}
-_LAYER_QUANTIZATION: dict[Quantization, Quantization] = {"w8a8": "int8", "fp16-w8a8": "fp16"}
+# gguf: fp16 for steps of many tokens, a GGUF's own blocks on ggml for few (server/models/gguf_blocks.py).
+_HEAD_QUANTIZATION: dict[Quantization, Quantization] = {"int4": "int8", "fp16-w8a8": "w8a8", "gguf": "fp16"}
+_LAYER_QUANTIZATION: dict[Quantization, Quantization] = {"w8a8": "int8", "fp16-w8a8": "fp16", "gguf": "fp16"}
 
 
 def head_quantization(quantization: Quantization) -> Quantization:

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from server.models.gguf_blocks import QuantBlocks
+
 _ggml: Any
 _ggml_utils: Any
 # torch is imported first on purpose: ggml's CPU backend links the system's libgomp.so.1, and the loader then
@@ -114,17 +116,30 @@ class RowKernel:
     """y = x Wᵀ for x [rows, in_features] (float32, 1 <= rows <= max_rows), W held by ggml in fp16. Owns its
     ggml contexts: the weight's, and one small one per number of rows it has served."""
 
-    def __init__(self, weight: torch.Tensor, max_rows: int = 1) -> None:
+    def __init__(self, weight: torch.Tensor | QuantBlocks, max_rows: int = 1) -> None:
+        """weight: a float weight [out_features, in_features], held in fp16; or a GGUF's quantized blocks,
+        held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does)."""
         if _ggml is None or _ggml_utils is None:
             raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
-        out_features, in_features = (int(d) for d in weight.shape)
+        if isinstance(weight, QuantBlocks):
+            out_features, in_features, kind = weight.out_features, weight.in_features, weight.ggml_type
+        else:
+            out_features, in_features = (int(d) for d in weight.shape)
+            kind = _ggml.GGML_TYPE_F16
         self.out_features, self.in_features, self.max_rows = out_features, in_features, max_rows
-        size = out_features * in_features * 2 + _ggml.ggml_tensor_overhead() + 4096
+        size = int(_ggml.ggml_row_size(kind, in_features)) * out_features + _ggml.ggml_tensor_overhead() + 4096
         self._ctx: Any = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
         if not self._ctx:
             raise MemoryError(f"ggml could not allocate {size} bytes for a {out_features} x {in_features} weight")
-        self._weight = _ggml.ggml_new_tensor_2d(self._ctx, _ggml.GGML_TYPE_F16, in_features, out_features)
-        torch.from_numpy(_ggml_utils.to_numpy(self._weight)).copy_(weight.detach().to(torch.float16))
+        self._weight = _ggml.ggml_new_tensor_2d(self._ctx, kind, in_features, out_features)
+        if isinstance(weight, QuantBlocks):
+            if int(_ggml.ggml_nbytes(self._weight)) != weight.data.nbytes:
+                raise ValueError(f"{weight.type_name} blocks of {weight.data.nbytes} bytes do not fill a "
+                                 f"{out_features} x {in_features} weight")
+            ctypes.memmove(_ggml.ggml_get_data(self._weight), np.ascontiguousarray(weight.data).ctypes.data,
+                           weight.data.nbytes)
+        else:
+            torch.from_numpy(_ggml_utils.to_numpy(self._weight)).copy_(weight.detach().to(torch.float16))
         self._shapes: dict[int, _Shape] = {}
 
     def takes(self, rows: int) -> bool:

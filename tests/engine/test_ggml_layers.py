@@ -1,8 +1,10 @@
-"""Steps of few tokens through ggml layer graphs (server/models/ggml_layers.py) give the logits of the same
-fp16 model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the
-family has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows,
-Gemma's sandwich norms, GELU gate and two RoPE tables; for one to four tokens in a step, from one row or
-several, with keys that left a sliding window."""
+"""Steps of few tokens through ggml graphs (server/models/ggml_layers.py) give the logits of the same fp16
+model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the family
+has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows, Gemma's
+sandwich norms, GELU gate and two RoPE tables. Plain decode steps (one token per row, consecutive slots) run
+the one-graph decoder with ggml's attention over the KV cache; a row fed several tokens, or rows in scattered
+slots, run the per-layer graphs with torch's attention; rows grow past a sliding window and a key bucket.
+"""
 
 from __future__ import annotations
 
@@ -171,21 +173,26 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
         lengths[slot] = len(prompts[slot])
     pair.forward([ForwardRow(slot=3, start=0, tokens=prompts[3])])
     lengths[3] = 3
-    picks = torch.randint(0, VOCAB, (40, 4), generator=generator).tolist()
+    picks = torch.randint(0, VOCAB, (96, 4), generator=generator).tolist()
     for step, tokens in enumerate(picks):
         active = [slot for slot in range(4) if slot <= step % 4]  # 1, 2, 3 and 4 rows in turn
-        if step == 10:  # one row fed a chunk of 3 tokens (forced tokens), beside another row's single token
+        if step in (10, 30):  # one row fed a chunk of 3 tokens (forced tokens), beside another row's single token
             rows = [
                 ForwardRow(slot=0, start=lengths[0], tokens=tokens[:3]),
                 ForwardRow(slot=1, start=lengths[1], tokens=[tokens[3]]),
             ]
+        elif step % 7 == 5:  # rows in slots that are not consecutive: the per-layer graphs
+            rows = [ForwardRow(slot=slot, start=lengths[slot], tokens=[tokens[slot]]) for slot in (1, 3)]
+        elif step % 7 == 6:  # two consecutive slots that do not start at slot 0
+            rows = [ForwardRow(slot=slot, start=lengths[slot], tokens=[tokens[slot]]) for slot in (2, 3)]
         else:
             rows = [ForwardRow(slot=slot, start=lengths[slot], tokens=[tokens[slot]]) for slot in active]
         assert sum(len(r.tokens) for r in rows) <= LAYER_MAX_ROWS
         pair.forward(rows)
         for row in rows:
             lengths[row.slot] += len(row.tokens)
-    assert max(lengths) > 40  # past the sliding window of 12: keys left it
+    assert max(lengths) > 64  # past the sliding window of 12 and the first key bucket (64)
+    assert pair.steps.decoder_steps > 40 and pair.steps.boundary_steps > 10  # both forms served steps
     assert pair.worst > 0.0  # the graphs did run (ggml's roundings differ from torch's order somewhere)
 
 
@@ -202,7 +209,8 @@ def test_graphs_refuse_steps_of_more_tokens_than_they_were_built_for(tmp_path: P
     steps = model.layer_steps
     assert steps is not None and steps.takes(LAYER_MAX_ROWS) and not steps.takes(LAYER_MAX_ROWS + 1)
     with pytest.raises(ValueError, match=f"1 to {LAYER_MAX_ROWS} tokens"):
-        steps.run(torch.zeros(LAYER_MAX_ROWS + 1, 64), torch.arange(LAYER_MAX_ROWS + 1), lambda *a: a[1])
+        tokens = LAYER_MAX_ROWS + 1
+        steps.hidden(torch.zeros(tokens, 64), torch.arange(tokens), torch.arange(tokens), lambda *a: a[1])
 
 
 def test_unquantized_models_have_no_graphs(tmp_path: Path) -> None:
