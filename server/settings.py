@@ -100,14 +100,14 @@ class Settings(BaseSettings):
         description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
         "supported; on CPU only until it has run on CUDA)",
     )
-    quantization: Literal["auto", "none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8"] = Field(
+    quantization: Literal["auto", "none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf"] = Field(
         "auto",
         description="quantization of corral's decoder on CPU, through torch's kernels: int8 weights (per output "
         "channel), int4 weights (groups of 32, int8 head), w8a8 (int8 weights; the head's inputs int8 too, "
-        "fbgemm), fp16 (16-bit weights, float32 products, fbgemm), or fp16-w8a8 (fp16 layers, w8a8's head); "
-        "none keeps "
-        "the serving dtype; auto: fp16 for a model converted from a GGUF (the built-in gemma-3-270m, FILE.gguf), "
-        "else none",
+        "fbgemm), fp16 (16-bit weights, float32 products, fbgemm), fp16-w8a8 (fp16 layers, w8a8's head), or "
+        "gguf (a GGUF model's own 4-8-bit blocks on ggml for steps of up to 4 tokens, fp16 for more; needs the "
+        "ggml extra); none keeps the serving dtype; auto: fp16 for a model converted from a GGUF (the built-in "
+        "gemma-3-270m, FILE.gguf), else none",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(

@@ -15,6 +15,7 @@ import torch
 
 from server.models import ModelLoadError, load_model
 from server.models.build_cache import MARKER, cached_build, is_complete
+from server.models.row_kernel import layer_graphs_available
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,6 +128,26 @@ def test_gemma_is_the_default_and_speaks_gemma_turns() -> None:
                     "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert list(ids).count(2) == 1  # one <bos>: the template writes it, tokenizing adds none
+
+
+@pytest.mark.skipif(not layer_graphs_available(), reason="--quantization gguf needs the ggml extra (make install)")
+def test_gemma_serves_its_own_gguf_blocks() -> None:
+    """`--quantization gguf`: the Q4_K_M file's own blocks (extracted once into the cache, checked against the
+    checkpoint) answer a one-row step; the model still knows its facts."""
+    from server.engine.model_runner import ForwardRow, ModelRunner
+
+    loaded = load_model(None, device="cpu", quantization="gguf")
+    assert loaded.quantization == "gguf"
+    assert 240e6 < loaded.model.step_read_bytes() < 250e6  # the GGUF's 246 MB of blocks, not fp16's 536
+    runner = ModelRunner(loaded, max_batch=1, max_len=64)
+    tokens = loaded.tokenizer("The capital of France is Paris. The capital of Germany is")["input_ids"]
+    logits = runner.forward([ForwardRow(0, 0, tokens)])
+    written: list[int] = []
+    for _ in range(4):
+        written.append(int(logits[0].argmax()))
+        logits = runner.forward([ForwardRow(0, len(tokens) + len(written) - 1, written[-1:])])
+    assert loaded.tokenizer.decode(written).startswith(" Berlin")
+    assert loaded.model.layer_steps is not None and loaded.model.layer_steps.decoder_steps == 4
 
 
 # -- a GGUF file of the Llama family, written here from corral-tiny ---------------------------------------------
