@@ -8,9 +8,10 @@ same for steps of few tokens: the projections and the head take the GGUF's block
 
 The blocks are extracted once into the cache, beside the converted checkpoint, as raw bytes per projection
 (`ggml-blocks.safetensors`, uint8 [out_features, bytes per row], the ggml type in the metadata). Each is
-checked to dequantize to the checkpoint's weight, so a file whose layout differs from the Hugging Face one
-(llama.cpp permutes the q/k rows of `llama`-architecture files for its RoPE) is refused with the name of the
-first weight that differs, instead of serving wrong products.
+checked to dequantize to the checkpoint's weight (llama.cpp interleaves the q/k rows of `llama`-architecture
+files for its RoPE: those rows are put back in order, whole blocks at a time), so a file that does not hold
+the checkpoint's weights is refused with the name of the first weight that differs instead of serving wrong
+products.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def checkpoint_name(gguf_name: str) -> str | None:
 
 def extract_blocks(gguf_path: Path, checkpoint: Path, out: Path) -> None:
     """Write `out`/BLOCKS_FILE: every projection weight of the GGUF as its raw blocks, after checking that each
-    dequantizes to the weight of the same name in `checkpoint` (a directory of safetensors)."""
+    dequantizes to the weight of the same name in `checkpoint` (a directory of safetensors with its
+    config.json). q and k rows that llama.cpp interleaved for its RoPE are put back in the checkpoint's order."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
     from safetensors.torch import save_file
@@ -77,6 +79,7 @@ def extract_blocks(gguf_path: Path, checkpoint: Path, out: Path) -> None:
     wanted = {name: t for t in reader.tensors if (name := checkpoint_name(t.name)) is not None}
     if not wanted:
         raise BlocksError(f"{gguf_path.name} has no projection weights that corral knows by name")
+    heads = _head_counts(checkpoint)
     blocks: dict[str, torch.Tensor] = {}
     types: dict[str, list[int | str]] = {}
     for name, reference in iter_tensors(checkpoint):
@@ -85,21 +88,54 @@ def extract_blocks(gguf_path: Path, checkpoint: Path, out: Path) -> None:
             continue
         values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         expected = reference.float().numpy()
-        values = values.reshape(expected.shape) if values.size == expected.size else values
+        raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(values.shape[0], -1)
         # The checkpoint holds the same values in the serving dtype: equal within that dtype's rounding.
         tolerance = float(torch.finfo(reference.dtype).eps) * float(np.abs(expected).max() or 1.0)
-        if values.shape != expected.shape or float(np.abs(values - expected).max()) > tolerance:
-            raise BlocksError(
-                f"{tensor.name} in {gguf_path.name} does not dequantize to the checkpoint's {name} "
-                "(a layout llama.cpp changed for its own RoPE?): its blocks cannot serve this model"
-            )
-        raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(expected.shape[0], -1)
+        if not _same(values, expected, tolerance):
+            count = heads.get(name.rsplit(".", 2)[-2])  # q_proj / k_proj: llama.cpp may have permuted its rows
+            order = _rope_rows(values.shape[0], count) if count else None
+            if order is None or not _same(values[order], expected, tolerance):
+                raise BlocksError(
+                    f"{tensor.name} in {gguf_path.name} does not dequantize to the checkpoint's {name}: its "
+                    "blocks cannot serve this model"
+                )
+            raw = raw[order]  # each row is whole blocks: reordering rows reorders the weight's rows exactly
         blocks[name] = torch.from_numpy(raw.copy())
         types[name] = [int(tensor.tensor_type), tensor.tensor_type.name, int(expected.shape[0]), int(expected.shape[1])]
     missing = sorted(set(wanted) - set(blocks))
     if missing:
         raise BlocksError(f"the checkpoint lacks {missing[0]}, which {gguf_path.name} has")
     save_file(blocks, str(out / BLOCKS_FILE), metadata={_TYPES_KEY: json.dumps(types)})
+
+
+def _same(values: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
+    return values.shape == expected.shape and float(np.abs(values - expected).max()) <= tolerance
+
+
+def _head_counts(checkpoint: Path) -> dict[str, int]:
+    """Heads of q and of k, by projection name, from the checkpoint's config (empty where it has none)."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return {}
+    kv_heads = config.get("num_key_value_heads") or heads
+    return {"q_proj": heads, "k_proj": int(kv_heads)}
+
+
+def _rope_rows(rows: int, heads: int) -> np.ndarray | None:
+    """The order that undoes llama.cpp's q/k permutation (within each head, the rows of the two halves of
+    head_dim interleaved, so that its RoPE pairs adjacent dimensions): index i of the result is the GGUF
+    row that holds the checkpoint's row i."""
+    if rows % (2 * heads):
+        return None
+    half = rows // heads // 2
+    # The GGUF's row for (head h, pair p, side s) is h*2*half + p*2 + s; the checkpoint's is h*2*half + s*half + p.
+    gguf_rows = np.arange(rows).reshape(heads, half, 2)
+    return np.ascontiguousarray(gguf_rows.transpose(0, 2, 1)).reshape(rows)
 
 
 def load_blocks(directory: Path) -> dict[str, QuantBlocks]:

@@ -212,20 +212,27 @@ def _tiny_as_gguf(path: Path) -> None:
     _write(writer)
 
 
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """corral-tiny as a GGUF file, and a cache directory its tests share (one conversion for all of them)."""
+    root = tmp_path_factory.mktemp("tiny-gguf")
+    _tiny_as_gguf(root / "tiny.gguf")
+    return root / "tiny.gguf", root / "cache"
+
+
 def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_gguf: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """corral-tiny written as a GGUF (llama.cpp's layout: permuted q/k, GPT-2 style vocabulary) loads through
     `--model FILE.gguf` into the same model: same tokens, same logits, same chat template and stop tokens."""
     from server.engine.model_runner import ForwardRow, ModelRunner
 
-    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "tiny.gguf"
-    _tiny_as_gguf(path)
+    path, cache = tiny_gguf
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
     ours = load_model(path, device="cpu", quantization="none")  # `auto` would serve a GGUF's weights in fp16
     tiny = load_model("corral-tiny", device="cpu")
     assert tiny.quantization == "none"  # `auto`: a checkpoint not from a GGUF keeps its dtype
-    assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == tmp_path / "cache" / "models"
+    assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == cache / "models"
     text = 'Héllo, wörld! {"a": [1, 2.5]} 🙂'
     assert ours.tokenizer.encode(text) == tiny.tokenizer.encode(text)
     messages = [{"role": "user", "content": "hi"}]
@@ -237,6 +244,32 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
     torch.testing.assert_close(logits[0][: tiny.vocab_size - 1], logits[1][: tiny.vocab_size - 1])
     again = load_model(path, device="cpu")
     assert again.path == ours.path and again.quantization == "fp16"  # converted once, then reused
+
+
+@pytest.mark.skipif(not layer_graphs_available(), reason="--quantization gguf needs the ggml extra (make install)")
+def test_a_llama_gguf_serves_its_own_blocks_with_q_and_k_rows_put_back(
+    tiny_gguf: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--quantization gguf` on a `llama` file, whose q/k rows llama.cpp interleaved for its RoPE: the blocks'
+    rows are put back in the checkpoint's order (extraction checks every weight), and decode steps on them
+    give fp16's logits within its rounding."""
+    from server.engine.model_runner import ForwardRow, ModelRunner
+
+    path, cache = tiny_gguf
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
+    blocks = load_model(path, device="cpu", quantization="gguf")
+    fp16 = load_model(path, device="cpu", quantization="fp16")
+    assert blocks.quantization == "gguf"
+    assert blocks.model.blocks["model.layers.0.self_attn.q_proj.weight"].type_name == "F32"  # as the file has it
+    prompt = blocks.tokenizer.encode("Hello, world! How are you today?")
+    runners = [ModelRunner(m, max_batch=1, max_len=64) for m in (blocks, fp16)]
+    logits = [r.forward([ForwardRow(0, 0, prompt)]) for r in runners]
+    for step in range(6):
+        token = int(logits[1][0].argmax())
+        logits = [r.forward([ForwardRow(0, len(prompt) + step, [token])]) for r in runners]
+        scale = float(logits[1].abs().max())
+        assert float((logits[0] - logits[1]).abs().max()) <= 1e-2 * scale  # a row out of order: off by ~scale
+    assert blocks.model.layer_steps is not None and blocks.model.layer_steps.decoder_steps == 6
 
 
 def test_auto_keeps_the_own_decoder_off_devices_where_it_is_not_the_best(caplog: pytest.LogCaptureFixture) -> None:
