@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 
-from samplers.closing import ClosingVocabulary, shortest_completion
+from samplers.closing import DEFAULT_DEADLINE_S, ClosingVocabulary, shortest_completion
 from samplers.protocol import Matcher
 
 FIRST_CHECK = 48  # room (tokens) at which the first search runs
@@ -32,6 +32,21 @@ ITEM_PERIOD = 8
 MARGIN = 4  # tokens one more step may take beyond the completion found
 RETRY_EVERY = 4  # after a search that found nothing, steps until the next
 RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more than the budget's per-step one
+# A budget search's deadline, in the answer's own steps: a search that finds nothing spends all of it, every few
+# tokens near the end. At a flat 50 ms, answers the budget cuts on corral-tiny (a 2 ms step) took 4x as long to
+# finish (bisected to the commit that added closing); a step of 10 ms or more (Gemma 3) keeps the full 50 ms.
+SEARCH_STEPS = 5
+MIN_SEARCH_DEADLINE_S = 0.01
+
+
+def search_deadline(forward_ms: list[float]) -> float:
+    """The per-step budget search's deadline for an answer whose recent forwards took `forward_ms`: SEARCH_STEPS
+    of its median step, between MIN_SEARCH_DEADLINE_S and samplers/closing.py's DEFAULT_DEADLINE_S."""
+    if not forward_ms:
+        return DEFAULT_DEADLINE_S
+    recent = sorted(forward_ms[-8:])
+    step_s = recent[len(recent) // 2] / 1000
+    return min(DEFAULT_DEADLINE_S, max(MIN_SEARCH_DEADLINE_S, SEARCH_STEPS * step_s))
 
 
 class ClosedBecause(StrEnum):
@@ -89,21 +104,24 @@ class AnswerCloser:
         return room <= self.next_check
 
     def plan_if_due(
-        self, matcher: Matcher, room: int, at: int, text: Callable[[], str]
+        self, matcher: Matcher, room: int, at: int, text: Callable[[], str], deadline_s: float = DEFAULT_DEADLINE_S
     ) -> tuple[int, list[int]] | None:
         """When the answer must close now: (output length to cut back to, completion from there) — `at` (the
         output length now) with a completion that fits, or the last fallback when none fits any more. None
-        while there is room (or nothing to close with)."""
+        while there is room (or nothing to close with). `deadline_s`: the search's (`search_deadline`)."""
         if not self.due(room):
             return None
-        plan = shortest_completion(matcher, self.vocab, room, prefix=text(), keys=self.keys, examples=self.examples)
+        plan = shortest_completion(
+            matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=deadline_s, examples=self.examples
+        )
         if plan is None and self.fallback is None and not self.long_search_spent:
             # Nothing to fall back on yet: once per answer, the runaway's longer search. On a loaded machine the
             # per-step one missed its deadline at every check and the answer was cut (Gemma 3, Github_hard o61653).
+            # As long as four per-step searches at most (the full 0.2 s from a 10 ms step up).
             self.long_search_spent = True
             plan = shortest_completion(
-                matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S,
-                examples=self.examples,
+                matcher, self.vocab, room, prefix=text(), keys=self.keys,
+                deadline_s=min(RUNAWAY_DEADLINE_S, 4 * deadline_s), examples=self.examples,
             )
         if plan is None:
             self.next_check = room - RETRY_EVERY

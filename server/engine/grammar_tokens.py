@@ -15,6 +15,7 @@ from server.engine.answer_closing import (
     RUNAWAY_REPEATS,
     AnswerCloser,
     ClosedBecause,
+    search_deadline,
     trailing_digits,
 )
 from server.engine.logprobs import TokenLogprob
@@ -70,7 +71,8 @@ class GrammarTokens:
         plan = self._runaway_plan(seq, closer, matcher, room, output, text, stalled)
         why = ClosedBecause.RUNAWAY
         if plan is None:
-            decided = closer.plan_if_due(matcher, room, len(seq.output_ids), text)
+            deadline = search_deadline(seq.stats.forward_ms)
+            decided = closer.plan_if_due(matcher, room, len(seq.output_ids), text, deadline)
             if decided is None:
                 return False
             at, plan = decided

@@ -76,3 +76,15 @@ def test_the_budget_search_tries_once_longer_while_it_has_nothing_to_fall_back_o
     calls = len(deadlines)
     closer.plan_if_due(matcher, 4, 70, str)  # must close now: the short search misses, the fallback is there
     assert len(deadlines) == calls + 1  # no second long search: it runs once per answer
+
+
+def test_a_budget_search_costs_a_few_of_the_answers_steps_at_most() -> None:
+    """A budget search that finds nothing spends its whole deadline, every few tokens near the end: on a model
+    whose step is 2 ms a flat 50 ms made cut answers 4x slower (answer_closing.search_deadline)."""
+    from samplers.closing import DEFAULT_DEADLINE_S
+    from server.engine.answer_closing import MIN_SEARCH_DEADLINE_S, SEARCH_STEPS, search_deadline
+
+    assert search_deadline([]) == DEFAULT_DEADLINE_S  # no step seen yet: the full deadline
+    assert search_deadline([2.0] * 8) == MIN_SEARCH_DEADLINE_S  # corral-tiny: 5 steps would be 10 ms
+    assert search_deadline([4.0, 4.0, 400.0]) == pytest.approx(SEARCH_STEPS * 0.004)  # the median, not a stall
+    assert search_deadline([25.0] * 8) == DEFAULT_DEADLINE_S  # Gemma 3's steps: as before
