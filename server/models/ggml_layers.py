@@ -24,16 +24,14 @@ frequencies (as ggml frequency factors), so scaled variants need nothing of thei
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-import numpy as np
 import torch
 
-from server.models.row_kernel import RowKernel, ggml_modules, run_graph
+from server.models.row_kernel import GraphPlan, RowKernel, ggml_modules
 
 _ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
@@ -197,23 +195,6 @@ class _Context:
             self.ctx = None
 
 
-class _Plan:
-    """A graph's compute plan per thread count, with the work buffer it points at."""
-
-    def __init__(self, graph: Any) -> None:
-        self.graph = graph
-        self._plans: dict[int, tuple[Any, np.ndarray]] = {}
-
-    def compute(self, threads: int) -> None:
-        if threads not in self._plans:
-            ggml, _ = ggml_modules()
-            plan = ggml.ggml_graph_plan(self.graph, threads, None)
-            work = np.zeros(max(int(plan.work_size), 1), dtype=np.uint8)
-            plan.work_data = work.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-            self._plans[threads] = (plan, work)  # the buffer lives as long as the plan that points at it
-        run_graph(self.graph, self._plans[threads][0])
-
-
 def _activation_bytes(steps: GgmlLayerSteps, tokens: int) -> int:
     """Room for one layer's nodes at `tokens` tokens: every node has its own memory (no reuse), ~12
     hidden-wide vectors, qkv three times and the MLP's gate/up and gated vectors. Generous on purpose: ggml
@@ -238,7 +219,7 @@ class _BoundaryGraphs:
         self.attn_in: list[torch.Tensor | None] = []
         self.x_out: list[torch.Tensor] = []
         self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
-        self.plans: list[_Plan] = []
+        self.plans: list[GraphPlan] = []
         layers = steps.layers
         for i in range(len(layers) + 1):
             x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, tokens)
@@ -261,7 +242,7 @@ class _BoundaryGraphs:
                 self.qkv.append((q, k, values.view(tokens, s.num_kv_heads, s.head_dim)))
             else:
                 self.qkv.append(None)
-            self.plans.append(_Plan(graph))
+            self.plans.append(GraphPlan(graph))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend, threads: int) -> torch.Tensor:
         tokens = int(x.shape[0])
@@ -344,7 +325,7 @@ class _DecodeGraph:
         self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
         ggml.ggml_build_forward_expand(self.graph, x)
         self.x_out = c.view(x, rows, s.hidden_size)
-        self._plan = _Plan(self.graph)
+        self._plan = GraphPlan(self.graph)
         self._slot_bytes, self._max_len = slot_bytes, cache.max_len
         self._window = next((p.window for p in layers if p.window is not None), None)
 

@@ -48,7 +48,8 @@ SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed), "produ
 LAYER_MAX_ROWS = 4  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
 _STATUS_SUCCESS = 0
 # ggml's runtime is process-wide and its compute is not re-entrant: one call at a time (the engine thread's).
-_compute_lock = threading.Lock()
+# Re-entrant: a row kernel holds it across its shared input/output buffers and the compute inside.
+_compute_lock = threading.RLock()
 
 
 def ggml_modules() -> tuple[Any, Any]:
@@ -58,12 +59,24 @@ def ggml_modules() -> tuple[Any, Any]:
     return _ggml, _ggml_utils
 
 
-def run_graph(graph: Any, plan: Any) -> None:
-    """Compute a ggml graph with its plan, one graph at a time in the process."""
-    with _compute_lock:
-        status = _ggml.ggml_graph_compute(graph, ctypes.byref(plan))
-    if status != _STATUS_SUCCESS:
-        raise RuntimeError(f"ggml's graph compute failed (status {status})")
+class GraphPlan:
+    """A ggml graph with its compute plan per thread count (and the work buffer each plan points at)."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self._plans: dict[int, tuple[Any, np.ndarray]] = {}
+
+    def compute(self, threads: int) -> None:
+        """Compute the graph on `threads` threads, one graph at a time in the process."""
+        with _compute_lock:
+            if threads not in self._plans:
+                plan = _ggml.ggml_graph_plan(self.graph, threads, None)
+                work = np.zeros(max(int(plan.work_size), 1), dtype=np.uint8)
+                plan.work_data = work.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+                self._plans[threads] = (plan, work)  # the buffer lives as long as the plan that points at it
+            status = _ggml.ggml_graph_compute(self.graph, ctypes.byref(self._plans[threads][0]))
+        if status != _STATUS_SUCCESS:
+            raise RuntimeError(f"ggml's graph compute failed (status {status})")
 
 
 def _switch() -> str:
@@ -83,7 +96,7 @@ def layer_graphs_available() -> bool:
 
 class _Shape:
     """The graph for one number of rows: its input and output in ggml's memory, seen as torch tensors, and
-    a compute plan (with its work buffer) per thread count."""
+    its plans."""
 
     def __init__(self, weight: Any, in_features: int, out_features: int, rows: int) -> None:
         size = (in_features + out_features) * rows * 4 + 3 * _ggml.ggml_tensor_overhead() + _ggml.ggml_graph_overhead()
@@ -94,17 +107,9 @@ class _Shape:
         ggml_output = _ggml.ggml_mul_mat(self.ctx, weight, ggml_input)  # the weight lives in the kernel's context
         self.input = torch.from_numpy(_ggml_utils.to_numpy(ggml_input)).view(rows, in_features)
         self.output = torch.from_numpy(_ggml_utils.to_numpy(ggml_output)).view(rows, out_features)
-        self.graph = _ggml.ggml_new_graph(self.ctx)
-        _ggml.ggml_build_forward_expand(self.graph, ggml_output)
-        self._plans: dict[int, tuple[Any, np.ndarray]] = {}
-
-    def plan(self, threads: int) -> Any:
-        if threads not in self._plans:
-            plan = _ggml.ggml_graph_plan(self.graph, threads, None)
-            work = np.zeros(max(int(plan.work_size), 1), dtype=np.uint8)
-            plan.work_data = work.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-            self._plans[threads] = (plan, work)  # the buffer lives as long as the plan that points at it
-        return self._plans[threads][0]
+        graph = _ggml.ggml_new_graph(self.ctx)
+        _ggml.ggml_build_forward_expand(graph, ggml_output)
+        self.plan = GraphPlan(graph)
 
     def free(self) -> None:
         if self.ctx:
@@ -160,11 +165,8 @@ class RowKernel:
             shape = self._shapes.get(rows)
             if shape is None:
                 shape = self._shapes[rows] = _Shape(self._weight, self.in_features, self.out_features, rows)
-            plan = shape.plan(threads)
             shape.input.copy_(x)
-            status = _ggml.ggml_graph_compute(shape.graph, ctypes.byref(plan))
-            if status != _STATUS_SUCCESS:
-                raise RuntimeError(f"ggml's matmul failed (status {status})")
+            shape.plan.compute(threads)
             return shape.output.clone()
 
     def __del__(self) -> None:
