@@ -10,12 +10,13 @@ forced tokens are), a revision rollback, and rows admitted through prefix-cache 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
+from small_llama_configs import CONFIGS, VOCAB, gemma3_config, llama3_config, mistral_config
 
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.engine.prefix_cache import BLOCK_SIZE
@@ -23,87 +24,9 @@ from server.models import projection, split_projection
 from server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
 from server.models.loading import LoadedModel
 
-VOCAB = 512
 STEPS = 64
 TOLERANCE = 2e-4
 
-_COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-}
-
-
-def _llama3() -> Any:
-    from transformers import LlamaConfig
-
-    scaling = {
-        "rope_type": "llama3",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    return LlamaConfig(**_COMMON, rope_parameters=scaling, tie_word_embeddings=False)
-
-
-def _qwen2() -> Any:
-    from transformers import Qwen2Config
-
-    return Qwen2Config(**_COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
-
-
-def _qwen3() -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False)
-
-
-def _mistral() -> Any:
-    from transformers import MistralConfig
-
-    return MistralConfig(**_COMMON, sliding_window=None, tie_word_embeddings=False)
-
-
-def _gemma3() -> Any:
-    """Gemma 3's shape at small size: a sliding layer (window 24, shorter than the rows, so keys leave it)
-    then a global one, each with its own RoPE base; a query scale that is not 1/sqrt(head_dim)."""
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        **_COMMON,
-        head_dim=32,
-        sliding_window=24,
-        layer_types=["sliding_attention", "full_attention"],
-        query_pre_attn_scalar=20,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-        },
-        tie_word_embeddings=True,
-    )
-
-
-def _sliding_mistral() -> Any:
-    """One window for every layer (Mistral's form), shorter than the rows."""
-    from transformers import MistralConfig
-
-    return MistralConfig(**_COMMON, sliding_window=20, tie_word_embeddings=False)
-
-
-CONFIGS: dict[str, Callable[[], Any]] = {
-    "llama3": _llama3,
-    "qwen2": _qwen2,
-    "qwen3": _qwen3,
-    "mistral": _mistral,
-    "mistral-sliding": _sliding_mistral,
-    "gemma3": _gemma3,
-}
 
 
 MODES = ("plain", "onednn", "cuda")  # F.linear as served small; every projection packed for oneDNN; on a GPU
@@ -251,8 +174,8 @@ def _admit(runner: ModelRunner, row: Row, free: list[int]) -> int:
 
 
 def test_rope_scaling_is_exercised() -> None:
-    plain, _ = rope_frequencies(_mistral(), 16)
-    scaled, _ = rope_frequencies(_llama3(), 16)
+    plain, _ = rope_frequencies(mistral_config(), 16)
+    scaled, _ = rope_frequencies(llama3_config(), 16)
     assert not torch.equal(plain, scaled)
 
 
@@ -344,7 +267,7 @@ def test_transformers_path_keeps_sliding_layers_in_their_window() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model: Any = AutoModelForCausalLM.from_config(_gemma3()).eval()
+    model: Any = AutoModelForCausalLM.from_config(gemma3_config()).eval()
     loaded = LoadedModel(model=model, tokenizer=None, path=None, name="gemma3-small",  # type: ignore[arg-type]
                          vocab_size=VOCAB, stop_token_ids=(), revision_token_id=None, context_length=256,
                          device=torch.device("cpu"), dtype=torch.float32, impl="transformers")

@@ -8,12 +8,13 @@ slots, run the per-layer graphs with torch's attention; rows grow past a sliding
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from small_llama_configs import CONFIGS as ALL_CONFIGS
+from small_llama_configs import VOCAB, qwen3_config
 
 from server.engine.model_runner import ForwardRow, ModelRunner
 from server.models.ggml_layers import GgmlLayerSteps
@@ -27,74 +28,8 @@ pytestmark = pytest.mark.skipif(
     "CORRAL_ROW_KERNEL says torch/products",
 )
 
-VOCAB = 512
-_COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-}
-
-
-def _llama3() -> Any:
-    from transformers import LlamaConfig
-
-    scaling = {
-        "rope_type": "llama3",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    return LlamaConfig(**_COMMON, rope_parameters=scaling, tie_word_embeddings=False)
-
-
-def _qwen2() -> Any:
-    from transformers import Qwen2Config
-
-    return Qwen2Config(**_COMMON, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
-
-
-def _qwen3() -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False)
-
-
-def _mistral_sliding() -> Any:
-    from transformers import MistralConfig
-
-    return MistralConfig(**_COMMON, sliding_window=12, tie_word_embeddings=False)
-
-
-def _gemma3() -> Any:
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        **_COMMON,
-        head_dim=32,
-        sliding_window=12,
-        layer_types=["sliding_attention", "full_attention"],
-        query_pre_attn_scalar=20,
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-        },
-        tie_word_embeddings=True,
-    )
-
-
-CONFIGS: dict[str, Callable[[], Any]] = {
-    "llama3": _llama3,
-    "qwen2": _qwen2,
-    "qwen3": _qwen3,
-    "mistral-sliding": _mistral_sliding,
-    "gemma3": _gemma3,
-}
+# The decoder variants of the equivalence tests, Mistral with its sliding window only (its plain form adds nothing).
+CONFIGS = {name: build for name, build in ALL_CONFIGS.items() if name != "mistral"}
 
 
 def _fp16_model(config: Any, directory: Path) -> LlamaFamilyModel:
@@ -191,21 +126,21 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
         pair.forward(rows)
         for row in rows:
             lengths[row.slot] += len(row.tokens)
-    assert max(lengths) > 64  # past the sliding window of 12 and the first key bucket (64)
+    assert max(lengths) > 64  # past the sliding windows (20, 24) and the first key bucket (64)
     assert pair.steps.decoder_steps > 40 and pair.steps.boundary_steps > 10  # both forms served steps
     assert pair.worst > 0.0  # the graphs did run (ggml's roundings differ from torch's order somewhere)
 
 
 def test_products_switch_keeps_the_layers_in_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SWITCH_ENV, "products")
-    model = _fp16_model(_qwen3(), tmp_path)
+    model = _fp16_model(qwen3_config(), tmp_path)
     assert model.layer_steps is None
     monkeypatch.setenv(SWITCH_ENV, "torch")
     assert load_llama_family(tmp_path, model.config, torch.float32, torch.device("cpu"), "fp16").layer_steps is None
 
 
 def test_graphs_refuse_steps_of_more_tokens_than_they_were_built_for(tmp_path: Path) -> None:
-    model = _fp16_model(_qwen3(), tmp_path)
+    model = _fp16_model(qwen3_config(), tmp_path)
     steps = model.layer_steps
     assert steps is not None and steps.takes(LAYER_MAX_ROWS) and not steps.takes(LAYER_MAX_ROWS + 1)
     with pytest.raises(ValueError, match=f"1 to {LAYER_MAX_ROWS} tokens"):
@@ -216,6 +151,6 @@ def test_graphs_refuse_steps_of_more_tokens_than_they_were_built_for(tmp_path: P
 def test_unquantized_models_have_no_graphs(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    config = _qwen3()
+    config = qwen3_config()
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     assert load_llama_family(tmp_path, config, torch.float32, torch.device("cpu")).layer_steps is None
