@@ -18,7 +18,8 @@ import functools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -50,12 +51,28 @@ def _rank(text: str) -> tuple[int, int]:
     return (-sum(text.count(c) for c in CLOSERS), -len(text))
 
 
+class Piece(NamedTuple):
+    """A token's text and what the ranking reads of it, worked out once per tokenizer."""
+
+    text: str
+    bare: str  # without surrounding whitespace
+    spaces: int  # leading whitespace characters
+    rank: tuple[int, int]  # `_rank`
+
+    @classmethod
+    def of(cls, text: str) -> Piece:
+        return cls(text, text.strip(), len(text) - len(text.lstrip()), _rank(text))
+
+
 @dataclass
 class ClosingVocabulary:
     """What the search needs of a tokenizer: the ids of single-token closing texts, and each token's text."""
 
     tokenizer: TokenizerSpec
     closing_ids: list[int]  # ranked best first
+    # Decoded on first use and kept for the tokenizer's life: searches near every answer's end revisit the same
+    # few hundred tokens, and a decode through the tokenizer costs ~10 us.
+    pieces: dict[int, Piece] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, tokenizer: TokenizerSpec) -> ClosingVocabulary:
@@ -71,7 +88,13 @@ class ClosingVocabulary:
         return cls(tokenizer, ranked)
 
     def text(self, token: int) -> str:
-        return str(self.tokenizer.hf_tokenizer.decode([token]))
+        return self.piece(token).text
+
+    def piece(self, token: int) -> Piece:
+        piece = self.pieces.get(token)
+        if piece is None:
+            piece = self.pieces[token] = Piece.of(str(self.tokenizer.hf_tokenizer.decode([token])))
+        return piece
 
 
 def _lengthens(before: JsonScan, after: JsonScan) -> bool:
@@ -102,15 +125,11 @@ class _Search:
         self.nodes = nodes
         self.stops = frozenset(vocab.tokenizer.stop_token_ids)
         self.bitmask = allocate_bitmask(1, vocab.tokenizer.vocab_size)
-        self._texts: dict[int, str] = {}
         self.scans = [JsonScan().feed(prefix)]  # the syntax's view after the prefix and each move taken
         self.streaks = [0]  # moves in a row that only lengthened a number, literal or string
 
     def _text(self, token: int) -> str:
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.vocab.text(token)
-        return text
+        return self.vocab.piece(token).text
 
     def _push(self, tokens: Sequence[int]) -> None:
         before = self.scans[-1]
@@ -136,9 +155,10 @@ class _Search:
             ids = [t for t in self.vocab.closing_ids if (int(words[t >> 5]) >> (t & 31)) & 1]
         scan, streak = self.scans[-1], self.streaks[-1]
 
+        piece_of = self.vocab.piece
+
         def key(token: int) -> tuple[int, ...]:
-            text = self._text(token)
-            bare = text.strip()
+            text, bare, spaces, rank = piece_of(token)
             after = scan.copy().feed(text)
             # Writing a property name: one a schema requires first (an optional one only lengthens the answer).
             naming = after.is_key and (after.in_string or after.expect == "colon") and after.key != scan.key
@@ -146,7 +166,6 @@ class _Search:
             # Lengthening a value never brings the end nearer by the syntax's count, so each such move in a
             # row costs one more: a `,` the schema requires wins over a number growing digit by digit.
             cost = after.distance() + (streak + 1 if _lengthens(scan, after) else 0)
-            spaces = len(text) - len(text.lstrip())
             if scan.in_string:
                 # A string that may not end yet (a format, a pattern: `"` was not allowed here) alternates
                 # letters or digits with punctuation, shortest first: `a:`, `a@a.a`, rather than `aaaa...`.
@@ -162,7 +181,7 @@ class _Search:
             # Before an object starts, its longest opening first (`{"` before `{`): the syntax counts `{` nearer
             # its end, but a schema's required keys follow it anyway, and `"` then costs a token of its own.
             opening = -len(bare) if not scan.started and bare.startswith("{") else 0
-            return (opening, cost, int(unwanted), style, spaces, *_rank(text))
+            return (opening, cost, int(unwanted), style, spaces, *rank)
 
         return sorted(ids, key=key)[:BRANCH]
 

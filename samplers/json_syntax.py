@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 _LITERALS = ("true", "false", "null")
 _OPENERS = '{["'
+_STILL_NEEDED = {"value": 1, "key": 4, "colon": 2}  # characters at least, by what is expected next
 NOT_STARTED = 1_000  # distance of text with no JSON in it yet: anything that starts a value is closer
 
 
@@ -103,10 +104,10 @@ class JsonScan:
         if not self.started:
             return NOT_STARTED
         if self.in_string:
-            return len(self.closers()) + (4 if self.is_key else 1)  # a name also needs `:` and a value
+            return len(self.stack) + (4 if self.is_key else 1)  # a name also needs `:` and a value
         if self.word:
             return len(self.closing())
-        return len(self.closers()) + {"value": 1, "key": 4, "colon": 2}.get(self.expect, 0)
+        return len(self.stack) + _STILL_NEEDED.get(self.expect, 0)
 
 
 def json_closing(text: str) -> str:

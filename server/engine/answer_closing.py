@@ -3,7 +3,8 @@ ends it with the shortest completion the grammar allows (samplers/closing.py) in
 
 When to look: a search costs a few mask fills (~1-5 ms), so it runs only once the room left (max_tokens or
 the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that found a
-completion of n tokens, again once the room is within 2n + `MARGIN` (every step near the end). It closes
+completion of n tokens, again once the room is within 2n + `MARGIN` and half the slack beyond n + `MARGIN` is
+used; after one that found nothing, again in `MISS_RETRY` tokens, then twice that. It closes
 when the completion would leave less than `MARGIN` tokens: one more step appends a token plus any the grammar
 forces, and may open a nested value that needs more to close. If a step still leaves no completion that fits
 (it opened an object with required properties, say), the engine takes that step back and closes from where
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 
-from samplers.closing import DEFAULT_DEADLINE_S, ClosingVocabulary, shortest_completion
+from samplers.closing import ClosingVocabulary, shortest_completion
 from samplers.protocol import Matcher
 
 FIRST_CHECK = 48  # room (tokens) at which the first search runs
@@ -30,23 +31,22 @@ RUNAWAY_DIGITS = 20
 # A repeated block at least this long is a whole item: the repeats are taken back, the first kept.
 ITEM_PERIOD = 8
 MARGIN = 4  # tokens one more step may take beyond the completion found
-RETRY_EVERY = 4  # after a search that found nothing, steps until the next
+RETRY_EVERY = 4  # after a runaway search that found nothing, steps until the next
+# After a budget search that found nothing, steps until the next, doubled once after a further miss (16: from
+# the first check on, the searches come at 48, 40, 24 and 8 tokens of room). Misses in a row mean the answer
+# is somewhere no short completion reaches (an object with many required properties left, a string whose
+# pattern the model is far from): on corral-tiny every ~4 tokens made misses half of all closing time.
+MISS_RETRY = 8
+MISS_DOUBLINGS = 1
 RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more than the budget's per-step one
-# A budget search's deadline, in the answer's own steps: a search that finds nothing spends all of it, every few
-# tokens near the end. At a flat 50 ms, answers the budget cuts on corral-tiny (a 2 ms step) took 4x as long to
-# finish (bisected to the commit that added closing); a step of 10 ms or more (Gemma 3) keeps the full 50 ms.
-SEARCH_STEPS = 5
-MIN_SEARCH_DEADLINE_S = 0.01
-
-
-def search_deadline(forward_ms: list[float]) -> float:
-    """The per-step budget search's deadline for an answer whose recent forwards took `forward_ms`: SEARCH_STEPS
-    of its median step, between MIN_SEARCH_DEADLINE_S and samplers/closing.py's DEFAULT_DEADLINE_S."""
-    if not forward_ms:
-        return DEFAULT_DEADLINE_S
-    recent = sorted(forward_ms[-8:])
-    step_s = recent[len(recent) // 2] / 1000
-    return min(DEFAULT_DEADLINE_S, max(MIN_SEARCH_DEADLINE_S, SEARCH_STEPS * step_s))
+# A budget search's size in mask fills, not time: the closing it finds then does not depend on how loaded the
+# machine is, and one that finds nothing costs the same at any batch size (a deadline of a few of the answer's
+# steps grew with the batch: 30 ms a miss at 8 rows on corral-tiny). Over JSONSchemaBench cuts on corral-tiny the
+# searches that found a completion used 1-26 fills (about one per token the grammar leaves open); a fill costs
+# ~0.2 ms there and up to ~1 ms on a 262k vocabulary, so a miss costs ~10-50 ms. The runaway's deadline only
+# bounds a pathological case: under the per-step 50 ms one a loaded machine missed at every check and the answer
+# was cut (Gemma 3, Github_hard o61653), which took a second, longer search per answer to make up for.
+BUDGET_NODES = 48
 
 
 class ClosedBecause(StrEnum):
@@ -68,7 +68,7 @@ class AnswerCloser:
         self.closed: ClosedBecause | None = None
         self.fallback: tuple[int, list[int]] | None = None  # (output length it starts at, the completion)
         self.runaway_retry_at = 0  # output length before which a failed runaway search is not repeated
-        self.long_search_spent = False  # the budget's one longer search (plan_if_due) has run
+        self.misses = 0  # budget searches in a row that found nothing
         self.chosen: list[bool] = []  # per output token: the model chose it (False: the grammar dictated it)
 
     def record(self, output_len: int, chosen: list[bool]) -> None:
@@ -104,31 +104,29 @@ class AnswerCloser:
         return room <= self.next_check
 
     def plan_if_due(
-        self, matcher: Matcher, room: int, at: int, text: Callable[[], str], deadline_s: float = DEFAULT_DEADLINE_S
+        self, matcher: Matcher, room: int, at: int, text: Callable[[], str]
     ) -> tuple[int, list[int]] | None:
         """When the answer must close now: (output length to cut back to, completion from there) — `at` (the
         output length now) with a completion that fits, or the last fallback when none fits any more. None
-        while there is room (or nothing to close with). `deadline_s`: the search's (`search_deadline`)."""
+        while there is room (or nothing to close with)."""
         if not self.due(room):
             return None
         plan = shortest_completion(
-            matcher, self.vocab, room, prefix=text(), keys=self.keys, deadline_s=deadline_s, examples=self.examples
+            matcher, self.vocab, room, prefix=text(), keys=self.keys, nodes=BUDGET_NODES,
+            deadline_s=RUNAWAY_DEADLINE_S, examples=self.examples,
         )
-        if plan is None and self.fallback is None and not self.long_search_spent:
-            # Nothing to fall back on yet: once per answer, the runaway's longer search. On a loaded machine the
-            # per-step one missed its deadline at every check and the answer was cut (Gemma 3, Github_hard o61653).
-            # As long as four per-step searches at most (the full 0.2 s from a 10 ms step up).
-            self.long_search_spent = True
-            plan = shortest_completion(
-                matcher, self.vocab, room, prefix=text(), keys=self.keys,
-                deadline_s=min(RUNAWAY_DEADLINE_S, 4 * deadline_s), examples=self.examples,
-            )
         if plan is None:
-            self.next_check = room - RETRY_EVERY
+            self.next_check = room - (MISS_RETRY << min(self.misses, MISS_DOUBLINGS))
+            self.misses += 1
             return self.fallback
+        self.misses = 0
         if len(plan) + MARGIN < room:
             self.fallback = (at, plan)
-            self.next_check = 2 * len(plan) + MARGIN
+            # Again once the room is within 2n + MARGIN, and past that once half the slack (the room the
+            # completion leaves beyond MARGIN) is used: checking every step there cost ~20 searches per answer
+            # with a long completion, and a completion seldom grows faster than the answer.
+            slack = room - len(plan) - MARGIN
+            self.next_check = min(2 * len(plan) + MARGIN, room - max(1, slack // 2))
             return None
         return at, plan
 

@@ -15,7 +15,6 @@ from server.engine.answer_closing import (
     RUNAWAY_REPEATS,
     AnswerCloser,
     ClosedBecause,
-    search_deadline,
     trailing_digits,
 )
 from server.engine.logprobs import TokenLogprob
@@ -71,8 +70,7 @@ class GrammarTokens:
         plan = self._runaway_plan(seq, closer, matcher, room, output, text, stalled)
         why = ClosedBecause.RUNAWAY
         if plan is None:
-            deadline = search_deadline(seq.stats.forward_ms)
-            decided = closer.plan_if_due(matcher, room, len(seq.output_ids), text, deadline)
+            decided = closer.plan_if_due(matcher, room, len(seq.output_ids), text)
             if decided is None:
                 return False
             at, plan = decided

@@ -56,35 +56,68 @@ def test_the_last_chance_search_ignores_the_hold_off(monkeypatch: pytest.MonkeyP
     assert searches == [1, 1]
 
 
-def test_the_budget_search_tries_once_longer_while_it_has_nothing_to_fall_back_on(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The per-step search has a short deadline (it holds up the whole batch's step); on a loaded machine it can
-    miss at every check, and the answer was cut. With no fallback found yet, one search per answer gets the
-    runaway's longer deadline."""
-    deadlines: list[float] = []
+def test_a_budget_search_is_bounded_in_mask_fills_not_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a budget search finds must not depend on how loaded the machine is or how many rows share the step:
+    it gets a fixed number of mask fills, the time bound only as a backstop far above it."""
+    calls: list[dict[str, object]] = []
 
-    def search(*args: object, deadline_s: float = 0.05, **kwargs: object) -> list[int] | None:
-        deadlines.append(deadline_s)
-        return [7, 8] if deadline_s >= answer_closing.RUNAWAY_DEADLINE_S else None  # only the longer one finds it
+    def search(*args: object, **kwargs: object) -> list[int] | None:
+        calls.append(kwargs)
+        return None
+
+    monkeypatch.setattr(answer_closing, "shortest_completion", search)
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    closer.plan_if_due(cast(Matcher, None), answer_closing.FIRST_CHECK, 16, str)
+    assert [c["nodes"] for c in calls] == [answer_closing.BUDGET_NODES]  # one search: no second, longer one
+    assert calls[0]["deadline_s"] == answer_closing.RUNAWAY_DEADLINE_S
+
+
+def test_budget_searches_that_find_nothing_come_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Misses in a row (an answer no short completion reaches) are looked at again after MISS_RETRY tokens, then
+    twice that; a completion found resets it. On corral-tiny a miss every 4 tokens was half of all closing time."""
+    found: list[int] | None = None
+    rooms: list[int] = []
+
+    def search(matcher: object, vocab: object, room: int, **kwargs: object) -> list[int] | None:
+        rooms.append(room)
+        return found
 
     monkeypatch.setattr(answer_closing, "shortest_completion", search)
     closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
     matcher = cast(Matcher, None)
-    assert closer.plan_if_due(matcher, answer_closing.FIRST_CHECK, 30, str) is None  # found, with room to spare
-    assert deadlines[-1] == answer_closing.RUNAWAY_DEADLINE_S and closer.fallback == (30, [7, 8])
-    calls = len(deadlines)
-    closer.plan_if_due(matcher, 4, 70, str)  # must close now: the short search misses, the fallback is there
-    assert len(deadlines) == calls + 1  # no second long search: it runs once per answer
+    for room in range(answer_closing.FIRST_CHECK, 0, -1):
+        closer.plan_if_due(matcher, room, 64 - room, str)
+    retry = answer_closing.MISS_RETRY
+    first = answer_closing.FIRST_CHECK
+    assert rooms == [first, first - retry, first - 3 * retry, first - 5 * retry]
+    rooms.clear()
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    closer.plan_if_due(matcher, first, 16, str)  # a miss
+    found = [1, 2]
+    closer.plan_if_due(matcher, first - retry, 24, str)  # found: the misses are forgotten
+    assert closer.misses == 0 and closer.fallback == (24, [1, 2])
 
 
-def test_a_budget_search_costs_a_few_of_the_answers_steps_at_most() -> None:
-    """A budget search that finds nothing spends its whole deadline, every few tokens near the end: on a model
-    whose step is 2 ms a flat 50 ms made cut answers 4x slower (answer_closing.search_deadline)."""
-    from samplers.closing import DEFAULT_DEADLINE_S
-    from server.engine.answer_closing import MIN_SEARCH_DEADLINE_S, SEARCH_STEPS, search_deadline
+def test_after_a_completion_is_found_the_next_search_waits_for_half_the_slack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A completion of n tokens found with room r: the next search comes once the room is within 2n + MARGIN
+    and half of the slack (r - n - MARGIN) is used, never later than the step before it would no longer fit."""
+    completion = list(range(20))
+    rooms: list[int] = []
 
-    assert search_deadline([]) == DEFAULT_DEADLINE_S  # no step seen yet: the full deadline
-    assert search_deadline([2.0] * 8) == MIN_SEARCH_DEADLINE_S  # corral-tiny: 5 steps would be 10 ms
-    assert search_deadline([4.0, 4.0, 400.0]) == pytest.approx(SEARCH_STEPS * 0.004)  # the median, not a stall
-    assert search_deadline([25.0] * 8) == DEFAULT_DEADLINE_S  # Gemma 3's steps: as before
+    def search(matcher: object, vocab: object, room: int, **kwargs: object) -> list[int] | None:
+        rooms.append(room)
+        return completion  # the answer's completion stays 20 tokens long
+
+    monkeypatch.setattr(answer_closing, "shortest_completion", search)
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    closed_at = None
+    for room in range(answer_closing.FIRST_CHECK, 0, -1):
+        if closer.plan_if_due(cast(Matcher, None), room, 64 - room, str) is not None:
+            closed_at = room
+            break
+    margin = answer_closing.MARGIN
+    assert rooms == [48, 36, 30, 27, 26, 25, 24]  # slack 24: next after 12 tokens, then 6, 3, then every step
+    assert closed_at == len(completion) + margin  # closed where the completion just fits
+    # (The earlier rule, every step from 2n + MARGIN = 44 down, made it 21 searches.)
