@@ -42,10 +42,11 @@ RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more 
 # A budget search's size in mask fills, not time: the closing it finds then does not depend on how loaded the
 # machine is, and one that finds nothing costs the same at any batch size (a deadline of a few of the answer's
 # steps grew with the batch: 30 ms a miss at 8 rows on corral-tiny). Over JSONSchemaBench cuts on corral-tiny the
-# searches that found a completion used 1-26 fills (about one per token the grammar leaves open); a fill costs
-# ~0.2 ms there and up to ~1 ms on a 262k vocabulary, so a miss costs ~10-50 ms. The runaway's deadline only
-# bounds a pathological case: under the per-step 50 ms one a loaded machine missed at every check and the answer
-# was cut (Gemma 3, Github_hard o61653), which took a second, longer search per answer to make up for.
+# searches that found a completion used 1-26 fills (about one per token the grammar leaves open), and never more
+# than the room (the tokens the completion may take; Gemma 3 the same, with up to 256 allowed): so at most the
+# room, at most BUDGET_NODES. A fill costs ~0.2-0.3 ms on corral-tiny and Gemma 3, so a miss ~1-15 ms. The
+# runaway's deadline only bounds a pathological case: under the per-step 50 ms one a loaded machine missed at
+# every check and the answer was cut (Gemma 3, Github_hard o61653), which took a second, longer search to undo.
 BUDGET_NODES = 48
 
 
@@ -112,7 +113,7 @@ class AnswerCloser:
         if not self.due(room):
             return None
         plan = shortest_completion(
-            matcher, self.vocab, room, prefix=text(), keys=self.keys, nodes=BUDGET_NODES,
+            matcher, self.vocab, room, prefix=text(), keys=self.keys, nodes=min(BUDGET_NODES, room),
             deadline_s=RUNAWAY_DEADLINE_S, examples=self.examples,
         )
         if plan is None:

@@ -70,6 +70,8 @@ def test_a_budget_search_is_bounded_in_mask_fills_not_time(monkeypatch: pytest.M
     closer.plan_if_due(cast(Matcher, None), answer_closing.FIRST_CHECK, 16, str)
     assert [c["nodes"] for c in calls] == [answer_closing.BUDGET_NODES]  # one search: no second, longer one
     assert calls[0]["deadline_s"] == answer_closing.RUNAWAY_DEADLINE_S
+    closer.plan_if_due(cast(Matcher, None), 10, 54, str)  # a completion found takes about a fill a token
+    assert calls[-1]["nodes"] == 10
 
 
 def test_budget_searches_that_find_nothing_come_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
