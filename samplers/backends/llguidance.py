@@ -26,7 +26,8 @@ check then fails). A regex it refuses (`[\d-z]`) still goes to xgrammar. What it
 its lexer is built lazily, so a regex that explodes it (300 counted repetitions in a row, which xgrammar refuses
 at the compile deadline) compiles in milliseconds and fails at a later mask with the lexer's own limit, so
 such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with xgrammar
-(samplers/backends/xgrammar.py says why)."""
+(samplers/backends/xgrammar.py says why), but for wide Lark grammars that provably lex the same greedily, which
+xgrammar yields (a Lark grammar's counts past MAX_COUNTED make llguidance yield it back)."""
 
 from __future__ import annotations
 
@@ -66,9 +67,11 @@ MAX_COUNTED_UNANCHORED_KEY = 64
 
 
 def heavy_counts(spec: GrammarSpec) -> bool:
-    """A regex whose repetition counts (`{m}`, `{m,n}`) sum past MAX_COUNTED, or a JSON Schema with an unanchored
-    property-name pattern whose counts sum past MAX_COUNTED_UNANCHORED_KEY: `auto` tries xgrammar first."""
-    if spec.kind is GrammarKind.REGEX:
+    """A regex or Lark grammar whose repetition counts (`{m}`, `{m,n}`) sum past MAX_COUNTED, or a JSON Schema with
+    an unanchored property-name pattern whose counts sum past MAX_COUNTED_UNANCHORED_KEY: `auto` tries xgrammar
+    first (a Lark grammar xgrammar yields to llguidance, grammars/lark_lexing.py, has its terminals lexed lazily
+    just the same)."""
+    if spec.kind in (GrammarKind.REGEX, GrammarKind.LARK):
         return _counted(spec.source) > MAX_COUNTED
     if spec.kind in SCHEMA_KINDS and spec.embeds_schema and "patternProperties" in spec.source:
         return _heavy_unanchored_key(spec.source)

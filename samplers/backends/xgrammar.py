@@ -10,7 +10,9 @@ tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmark
   greedily, which xgrammar (a character-level CFG, as GBNF is defined) does not: under llguidance
   `root ::= x "ab"`, `x ::= "a"*` refuses "aaab", a Lark terminal `/[a-z]+/` before "b" refuses "aab", and
   llguidance 1.9.1's mask after "aa" on the first grammar did not return (minutes, growing memory), which would
-  hold up every request's step.
+  hold up every request's step. Except a wide Lark grammar whose terminals provably lex the same greedily
+  (grammars/lark_lexing.py: a CSV's cells, words between spaces, key=value pairs): there both engines accept the
+  same texts, and xgrammar yields it to llguidance.
 For JSON Schema it refuses the keywords it would silently ignore (IGNORED_KEYWORDS), so a schema llguidance
 refused and xgrammar takes is held where the engine can; what it compiles but relaxes (`oneOf` as `anyOf`,
 formats, some `enum` and `maximum`) is closed by the contract guard that `auto` serves through
@@ -21,7 +23,8 @@ answer be any JSON value."""
 from __future__ import annotations
 
 from grammars.features import SCHEMA_KINDS, BackendTraits, KeywordTable
-from grammars.spec import GrammarKind
+from grammars.lark_lexing import wide_and_exact
+from grammars.spec import GrammarKind, GrammarSpec
 from samplers.protocol import BackendDescriptor, Lazy
 
 NAME = "xgrammar"
@@ -34,9 +37,18 @@ IGNORED_KEYWORDS = frozenset(
 # Relaxed even by a full compile: oneOf is compiled as anyOf; no string format is enforced.
 RELAXED_KEYWORDS = frozenset({"oneOf"})
 
+
+
+def yields_lark(spec: GrammarSpec) -> bool:
+    """A wide Lark grammar that greedy lexing provably reads as its CFG (grammars/lark_lexing.py): llguidance
+    fills its masks several times faster and accepts exactly the same texts, so `auto` tries it first."""
+    return spec.kind is GrammarKind.LARK and wide_and_exact(spec.source)
+
+
 # First for grammars and choices, second for JSON and regexes (the module docstring says why).
 TRAITS = BackendTraits(
     rank={kind: 2 if kind in SCHEMA_KINDS or kind is GrammarKind.REGEX else 1 for kind in GrammarKind},
+    yields=yields_lark,
     relaxed_profile=True,
     keywords=KeywordTable(relaxed=RELAXED_KEYWORDS, decode_safe_skipped=IGNORED_KEYWORDS),
 )

@@ -87,8 +87,12 @@ def test_regexes_with_heavy_counts_route_to_xgrammar_first(regex: str) -> None:
     assert route(GrammarSpec.regex(regex), BOTH) == ["xgrammar", "llguidance"]
 
 
-def test_heavy_counts_looks_at_regexes_only() -> None:
-    assert not llguidance.heavy_counts(GrammarSpec.lark("start: /a{5000}/"))
+def test_heavy_counts_looks_at_regexes_and_lark_grammars() -> None:
+    # A Lark grammar's terminals go to llguidance when xgrammar yields it (grammars/lark_lexing.py): the same
+    # lazily built lexer, the same limit.
+    assert llguidance.heavy_counts(GrammarSpec.lark("start: /a{5000}/"))
+    assert route(GrammarSpec.lark("start: /[a-z]{1,5000}/"), BOTH)[0] == "xgrammar"
+    assert not llguidance.heavy_counts(GrammarSpec.ebnf("root ::= [a-z]{1,5000}"))  # xgrammar's kind anyway
     assert not llguidance.heavy_counts(GrammarSpec.regex("[a-z]{1,500}[0-9]{1,500}"))  # 1,000: not past it
 
 
