@@ -35,6 +35,9 @@ from lark.exceptions import LarkError
 from lark.grammar import Rule
 from lark.lexer import PatternStr, TerminalDef
 from lark.load_grammar import load_grammar
+from lark.tree import Tree
+
+from grammars.limits import lark_terminals
 
 _load_grammar = cast(Callable[..., tuple[Any, Any]], load_grammar)  # lark's loader carries no annotations
 EVERY = frozenset({-1})  # stands for every character: intersects everything
@@ -43,6 +46,15 @@ EVERY = frozenset({-1})  # stands for every character: intersects everything
 WIDE_CLASS = 16
 WIDE_REPEAT = 4
 _END = "$END"
+# Lark's compile writes each rule out as plain sequences: `x?` and `(a|b)` multiply a rule's alternatives, and
+# `x ~ a..b` adds one per count, so 18 optional items took 11 s and `("a" ~ 0..8) ~ 0..8` over a minute, on
+# the request's path. Past this many alternatives (counted on the parsed grammar first, which is cheap) the
+# grammar is left unproven; the grammars the check is for have a few dozen. Lark's loader also copies a terminal
+# into every terminal that names it (a chain of terminals each naming the next twice: 20 links, 34 s in the
+# loader itself), so a grammar whose terminals name terminals is left unproven before Lark reads it (requests
+# refuse the exponential ones outright, grammars/limits.py).
+MAX_ALTERNATIVES = 2_000
+MAX_SOURCE = 20_000
 
 
 class Unproven(Exception):
@@ -229,9 +241,40 @@ def wide_and_exact(source: str, start: str = "start") -> bool:
     return _analyse(source, start) == "wide"
 
 
+def _alternatives(node: Any) -> int:
+    """An upper bound (capped past MAX_ALTERNATIVES) on the plain sequences Lark's compile writes for a parsed
+    rule body: sums over alternatives, products over a sequence's items."""
+    if not isinstance(node, Tree):
+        return 1
+    counts = [_alternatives(c) for c in node.children if isinstance(c, Tree)]
+    total = 1
+    if node.data == "expansions":
+        total = sum(counts)
+    elif node.data == "expr":
+        ops = [str(c) for c in node.children if not isinstance(c, Tree)]
+        inner = counts[0] if counts else 1
+        if ops[:1] == ["~"]:
+            low, high = int(ops[-2]), int(ops[-1])
+            if high > 64 or inner ** min(high, 8) > MAX_ALTERNATIVES:
+                return MAX_ALTERNATIVES + 1
+            total = sum(inner**k for k in range(low, high + 1))
+        else:  # `?` and `*` leave the item out or not; `+` keeps it
+            total = inner + (ops[:1] != ["+"])
+    elif node.data == "maybe":
+        total = counts[0] + 1 if counts else 1
+    else:  # a sequence, or anything holding one
+        for count in counts:
+            total = min(total * count, MAX_ALTERNATIVES + 1)
+    return min(total, MAX_ALTERNATIVES + 1)
+
+
 def _analyse(source: str, start: str) -> str:
+    if len(source) > MAX_SOURCE or any(refs for _, refs in lark_terminals(source).values()):
+        return "unproven"
     try:
         grammar, _ = _load_grammar(source, "<corral>", [], False)
+        if sum(_alternatives(rule[2]) for rule in grammar.rule_defs) > MAX_ALTERNATIVES:
+            return "unproven"
         definitions, rules, ignored = grammar.compile([start], set())
         terminals = {d.name: _terminal(d) for d in definitions}
     except (LarkError, Unproven, re.error, RecursionError, KeyError, ValueError):

@@ -11,6 +11,7 @@ docs/reliability.md) with room to spare.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -97,3 +98,76 @@ def check_count(count: int, limit: int, *, what: str, flag: str, param: str) -> 
         raise LimitExceeded(
             f"{param} has {count} {what}; at most {limit} (--{flag})", param=param, code=f"too_many_{what}"
         )
+
+
+# A Lark definition's head (`NAME:`, `?rule:`, `NAME.2:`, `_t{x}:`), its strings and patterns, and upper-case
+# names (terminals) in what is left of its body.
+_LARK_DEFINITION = re.compile(r"^\s*[?!]?(?P<name>[A-Za-z_][A-Za-z_0-9]*)(?:\.-?\d+)?(?:\{[^}]*\})?\s*:")
+_LARK_LITERALS = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imslux]*')
+_LARK_UPPER_NAME = re.compile(r"\b_?[A-Z][A-Z_0-9]*\b")
+_IMPORTED_TERMINAL = 64  # characters assumed for a terminal named but not defined here (`%import common.WORD`)
+
+
+def lark_terminals(source: str) -> dict[str, tuple[int, list[str]]]:
+    """Each terminal a Lark grammar defines: (characters of its strings and patterns, the terminals its body
+    names, once per mention), read line by line (continuation lines included) without parsing the grammar."""
+    found: dict[str, tuple[int, list[str]]] = {}
+    current: str | None = None
+    for line in source.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("//"):
+            continue
+        head = _LARK_DEFINITION.match(line)
+        if head:
+            name = head.group("name")
+            current = name if name.lstrip("_").isupper() else None
+            body = line[head.end() :]
+        elif stripped.startswith("%"):
+            current = None
+            continue
+        else:
+            body = line
+        if current is None:
+            continue
+        literal = sum(len(m.group()) for m in _LARK_LITERALS.finditer(body))
+        names = _LARK_UPPER_NAME.findall(_LARK_LITERALS.sub(" ", body))
+        chars, refs = found.get(current, (0, []))
+        found[current] = (chars + literal, refs + names)
+    return found
+
+
+def check_lark_terminals(source: str, limit: int, *, param: str) -> None:
+    """Lark writes a terminal named inside another out in full, so a chain of terminals each naming the next
+    twice grows as 2^links: 30 links compile to a grammar whose masks never return. Every terminal's written-out
+    size must stay within `limit` characters, and none may name itself."""
+    terminals = lark_terminals(source)
+    sizes: dict[str, int] = {}
+    for root in terminals:
+        stack: list[tuple[str, bool]] = [(root, False)]
+        open_names: set[str] = set()
+        while stack:
+            name, done = stack.pop()
+            if name in sizes:
+                continue
+            chars, refs = terminals.get(name, (_IMPORTED_TERMINAL, []))
+            if done:
+                open_names.discard(name)
+                sizes[name] = min(limit + 1, chars + sum(sizes[r] for r in refs))
+                continue
+            if name in open_names:
+                raise LimitExceeded(
+                    f"{param}: the Lark terminal {name} names itself (a terminal cannot be recursive: make it a "
+                    f"rule, with a lower-case name)",
+                    param=param,
+                    code="grammar_terminal_recursive",
+                )
+            open_names.add(name)
+            stack.append((name, True))
+            stack.extend((ref, False) for ref in refs if ref not in sizes)
+        if sizes[root] > limit:
+            raise LimitExceeded(
+                f"{param}: the Lark terminal {root} written out (terminals named inside it in full) is more than "
+                f"{limit} characters, the grammar limit (--max-grammar-length)",
+                param=param,
+                code="grammar_terminal_too_large",
+            )

@@ -12,6 +12,7 @@ from grammars.limits import (
     InputLimits,
     LimitExceeded,
     check_count,
+    check_lark_terminals,
     check_schema_limits,
     check_source_length,
 )
@@ -190,4 +191,6 @@ def _from_structured(
             f"structured_outputs.grammar_syntax must be one of {', '.join(GRAMMAR_SYNTAXES)}, got {syntax!r}",
             param="structured_outputs.grammar_syntax",
         )
+    if kind is GrammarKind.LARK:
+        check_lark_terminals(value, limits.max_grammar_length, param=param)
     return GrammarSpec(kind, value)

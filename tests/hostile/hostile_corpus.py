@@ -116,6 +116,14 @@ CORPUS: list[Hostile] = [
     # -- pathological grammars ---------------------------------------------------------------------------------
     chat("ebnf_left_recursion", structured_outputs={"grammar": 'root ::= root "a" | "a"'}),
     chat("lark_left_recursion", structured_outputs={"grammar": 'start: start "a" | "a"', "grammar_syntax": "lark"}),
+    # `auto` reads a Lark grammar before routing it (grammars/lark_lexing.py); Lark's own loader copies terminals
+    # into terminals and writes optional items out as alternatives, so these took it seconds to minutes.
+    chat("lark_terminal_chain_2_pow_30", structured_outputs={"grammar_syntax": "lark", "grammar": "start: A0\n"
+         + "".join(f"A{i}: A{i + 1} A{i + 1}\n" for i in range(30)) + 'A30: "x"\n'}),
+    chat("lark_40_optional_items", structured_outputs={
+        "grammar_syntax": "lark", "grammar": "start: " + " ".join(f'"a{i}"?' for i in range(40))}),
+    chat("lark_nested_ranges", structured_outputs={
+        "grammar_syntax": "lark", "grammar": 'start: ("a" ~ 0..50) ~ 0..50'}),
     chat("ebnf_20k_alternatives", structured_outputs={
         "grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(20_000))}),
     chat("ebnf_5000_nested_groups", structured_outputs={"grammar": "root ::= " + "(" * 5000 + '"a"' + ")" * 5000}),

@@ -49,6 +49,21 @@ def test_what_the_check_cannot_prove_stays_with_xgrammar(source: str, why: str) 
     assert route(GrammarSpec.lark(source), ["xgrammar", "llguidance"])[0] == "xgrammar"
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "start: " + " ".join(f'"a{i}"?' for i in range(40)),  # Lark writes out 2^40 alternatives
+        "start: " + " ".join(f'("a{i}" | "b{i}")' for i in range(40)),
+        'start: ("a" ~ 0..50) ~ 0..50',
+        "start: A0\n" + "".join(f"A{i}: A{i + 1} A{i + 1}\n" for i in range(30)) + 'A30: "x"\n',  # copied 2^30 times
+    ],
+)
+def test_grammars_lark_would_write_out_exponentially_are_left_unproven_before_it_does(source: str) -> None:
+    """The check runs on the request's path: what Lark's loader or compile would blow up is counted first."""
+    assert not greedy_lexing_exact(source)
+    assert route(GrammarSpec.lark(source), ["xgrammar", "llguidance"])[0] == "xgrammar"
+
+
 def test_auto_sends_wide_proved_grammars_to_llguidance_and_narrow_ones_to_xgrammar() -> None:
     assert route(GrammarSpec.lark(CSV_LARK), ["xgrammar", "llguidance"]) == ["llguidance", "xgrammar"]
     narrow = 'start: "id=" NUM\nNUM: /[0-9]{1,3}/\n'  # proved, but both engines fill it in 10-40 us

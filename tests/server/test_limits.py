@@ -71,6 +71,28 @@ def test_deep_schema_as_a_json_string_is_refused_not_a_recursion_error(depth: in
     assert info.value.code == "schema_too_deep"
 
 
+def _chain(links: int) -> str:
+    """Terminals each naming the next twice: Lark writes A0 out as 2^links copies of `"x"`."""
+    return "start: A0\n" + "".join(f"A{i}: A{i + 1} A{i + 1}\n" for i in range(links)) + f'A{links}: "x"\n'
+
+
+def test_a_lark_terminal_that_writes_out_past_the_grammar_limit_is_refused() -> None:
+    with pytest.raises(LimitExceeded) as info:
+        parse_constraint(None, {"grammar": _chain(30), "grammar_syntax": "lark"})
+    assert info.value.code == "grammar_terminal_too_large" and "--max-grammar-length" in str(info.value)
+    assert "A0" in str(info.value) and info.value.param == "structured_outputs.grammar"
+    parse_constraint(None, {"grammar": _chain(10), "grammar_syntax": "lark"})  # 1,024 copies: within 100,000
+    with pytest.raises(LimitExceeded) as info:
+        parse_constraint(None, {"grammar": _chain(10), "grammar_syntax": "lark"},
+                         limits=InputLimits(max_grammar_length=1000))
+    with pytest.raises(LimitExceeded, match="names itself") as info:
+        parse_constraint(None, {"grammar": 'start: A\nA: "x" B\nB: "y" A\n', "grammar_syntax": "lark"})
+    assert info.value.code == "grammar_terminal_recursive"
+    # Rules may name each other freely (Lark does not write them out), strings and patterns may hold capitals.
+    parse_constraint(None, {"grammar": 'start: a\na: b b\nb: "X" | /[A-Z]+/ | WORD\n%import common.WORD\n',
+                            "grammar_syntax": "lark"})
+
+
 def test_walk_stops_at_the_limit_on_a_huge_schema() -> None:
     # 200,000 values: refused once the first thousand are seen.
     schema = {"enum": list(range(200_000))}
