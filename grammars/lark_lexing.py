@@ -64,7 +64,7 @@ class Unproven(Exception):
 def _union(sets: Iterable[frozenset[int]]) -> frozenset[int]:
     out: set[int] = set()
     for chars in sets:
-        if chars is EVERY or -1 in chars:
+        if -1 in chars:
             return EVERY
         out |= chars
     return frozenset(out)
@@ -227,14 +227,12 @@ def _follow_sets(rules: list[Rule], start: str) -> tuple[set[str], dict[str, set
     return first.get(start, set()), follow
 
 
-@functools.lru_cache(maxsize=256)
 def greedy_lexing_exact(source: str, start: str = "start") -> bool:
     """Whether a greedy lexer provably accepts exactly the texts of the Lark grammar `source` (the module
     docstring's rules). False where anything is unproven."""
     return _analyse(source, start) in ("narrow", "wide")
 
 
-@functools.lru_cache(maxsize=256)
 def wide_and_exact(source: str, start: str = "start") -> bool:
     """`greedy_lexing_exact`, and some terminal repeats a class of WIDE_CLASS characters or more: where masks
     cost xgrammar the most (narrow grammars cost both engines 10-40 µs a token)."""
@@ -268,7 +266,9 @@ def _alternatives(node: Any) -> int:
     return min(total, MAX_ALTERNATIVES + 1)
 
 
+@functools.lru_cache(maxsize=256)
 def _analyse(source: str, start: str) -> str:
+    """"wide", "narrow" or "unproven"; once per grammar (both public questions and every request ask it)."""
     if len(source) > MAX_SOURCE or any(refs for _, refs in lark_terminals(source).values()):
         return "unproven"
     try:

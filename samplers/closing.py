@@ -129,7 +129,7 @@ class _Search:
         self.streaks = [0]  # moves in a row that only lengthened a number, literal or string
 
     def _text(self, token: int) -> str:
-        return self.vocab.piece(token).text
+        return self.vocab.text(token)
 
     def _push(self, tokens: Sequence[int]) -> None:
         before = self.scans[-1]
