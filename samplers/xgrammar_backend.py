@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,17 +19,19 @@ from grammars.lowering import choice_to_ebnf
 from grammars.spec import GrammarKind, GrammarSpec
 from grammars.tools import ToolGrammar, not_starting_with, tool_schemas
 from samplers.backends.xgrammar import IGNORED_KEYWORDS, NAME
+from samplers.forced_runs import forced_run_bound
 from samplers.protocol import CompiledGrammar, CompileError, Matcher, SamplerBackend, TokenizerSpec
 
 log = logging.getLogger(__name__)
 
 BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth its hand-off
-# xgrammar's find_jump_forward_string builds the whole forced string in one uninterruptible call on the
-# engine thread: `((x{1000}){1000}){1000}` compiles in 20 ms, then that call ran for minutes (the hung-step
-# watchdog killed the server). Jump-forward is only a shortcut, so it is off for a spec whose counted
-# repetitions could multiply into a longer run than this (the product of all counts bounds any nesting).
-MAX_FORCED_RUN = 10_000
-_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+# xgrammar's find_jump_forward_string builds the whole forced string in one uninterruptible call on the engine
+# thread (`((x{1000}){1000}){1000}` and 30 rules each naming the next twice compile at once, then that call
+# ran until the hung-step watchdog killed the server). Jump-forward is only a shortcut, so it is off for a
+# grammar whose forced runs samplers/forced_runs.py cannot bound by this many bytes per parser frame (the
+# JSONSchemaBench schemas stay under 150). A run may span frames, and recursion stacks them as deep as the
+# text written so far, so the bound is kept small: at 1,000 bytes a frame, even 8,000 frames force ~1.6 s.
+MAX_FORCED_RUN = 1_000
 
 
 @dataclass(frozen=True)
@@ -39,19 +39,9 @@ class XGrammarCompiled:
     spec: GrammarSpec
     grammar: Any  # xgrammar.CompiledGrammar
     backend_name: str = NAME
+    jump_forward: bool = True  # its forced runs are bounded (MAX_FORCED_RUN)
 
 
-def may_force_long_runs(source: str) -> bool:
-    """True when the counted repetitions in `source` (`{m}`, `{m,n}`, `{m,}`) multiply past MAX_FORCED_RUN."""
-    log_product = 0.0
-    for low, high in _COUNTED.findall(source):
-        count = max(low, high, key=lambda digits: (len(digits), digits))
-        if len(count) > 9:
-            return True
-        log_product += math.log(max(int(count), 1))
-        if log_product > math.log(MAX_FORCED_RUN):
-            return True
-    return False
 
 
 class XGrammarMatcher:
@@ -59,7 +49,7 @@ class XGrammarMatcher:
         self._m = xgrammar.GrammarMatcher(compiled.grammar)
         self._tokenizer = tokenizer
         self._error: str | None = None
-        self._jump_forward = not may_force_long_runs(compiled.spec.source)
+        self._jump_forward = compiled.jump_forward
 
     @property
     def handle(self) -> Any:
@@ -139,11 +129,15 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         try:
-            return XGrammarCompiled(spec, self._compile(spec))
+            grammar = self._grammar(spec)
+            # The bound is read from the grammar as written: the compiled one also carries per-rule automata,
+            # 100x the text to serialise and parse (0.5 s for a small schema).
+            bounded = forced_run_bound(grammar.serialize_json(), MAX_FORCED_RUN) <= MAX_FORCED_RUN
+            return XGrammarCompiled(spec, self._compiler.compile_grammar(grammar), jump_forward=bounded)
         except RuntimeError as exc:
             raise CompileError(_clean(str(exc)), backend=NAME, unsupported=spec.embeds_schema) from exc
 
-    def _compile(self, spec: GrammarSpec) -> Any:
+    def _grammar(self, spec: GrammarSpec) -> Any:
         if spec.is_json:
             # No free whitespace: bounded output, no whitespace loops. xgrammar 0.2.8's generic
             # object/array rules always use ", " whatever `separators` says, so keep its defaults
@@ -151,20 +145,18 @@ class XGrammarBackend:
             source = '{"type":"object"}'
             if spec.kind is GrammarKind.JSON_SCHEMA:
                 source = _xgrammar_schema(spec.schema(), spec.source)
-            if spec.leading_whitespace:
-                value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
-                return self._compiler.compile_grammar(xgrammar.Grammar.concat(_LEADING_WHITESPACE, value))
-            return self._compiler.compile_json_schema(source, any_whitespace=False, strict_mode=False)
+            value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
+            return xgrammar.Grammar.concat(_LEADING_WHITESPACE, value) if spec.leading_whitespace else value
         if spec.kind is GrammarKind.REGEX:
-            return self._compiler.compile_regex(spec.source)
+            return xgrammar.Grammar.from_regex(spec.source)
         if spec.kind is GrammarKind.LARK:
-            return self._compiler.compile_lark(spec.source)
+            return xgrammar.Grammar.from_lark(spec.source)
         if spec.kind is GrammarKind.EBNF:
-            return self._compiler.compile_grammar(spec.source)
+            return xgrammar.Grammar.from_ebnf(spec.source)
         if spec.kind is GrammarKind.CHOICE:
-            return self._compiler.compile_grammar(choice_to_ebnf(spec.choices()))
+            return xgrammar.Grammar.from_ebnf(choice_to_ebnf(spec.choices()))
         if spec.kind is GrammarKind.TOOL_CALLS:
-            return self._compiler.compile_structural_tag(json.dumps(tool_calls_structural_tag(ToolGrammar.of(spec))))
+            return xgrammar.Grammar.from_structural_tag(json.dumps(tool_calls_structural_tag(ToolGrammar.of(spec))))
         raise CompileError(f"xgrammar cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
 
     def new_matcher(self, compiled: Any) -> XGrammarMatcher:
@@ -190,18 +182,20 @@ SHIP_LIMIT_BYTES = 1 << 20
 
 
 class XGrammarCodec:
-    """The sandbox codec: small grammars cross as `CompiledGrammar.serialize_json()`, deserialised with the
-    parent's TokenizerInfo (~0.1 ms for a choice, ~2 ms for a small schema); big ones are compiled again."""
+    """The sandbox codec: small grammars cross as `CompiledGrammar.serialize_json()` (and whether jump-forward is
+    safe on them), deserialised with the parent's TokenizerInfo (~0.1 ms for a choice, ~2 ms for a small
+    schema); big ones are compiled again."""
 
     def export(self, compiled: CompiledGrammar) -> Any:
         if not isinstance(compiled, XGrammarCompiled) or compiled.grammar.memory_size_bytes >= SHIP_LIMIT_BYTES:
             return None
-        return compiled.grammar.serialize_json()
+        return {"grammar": compiled.grammar.serialize_json(), "jump_forward": compiled.jump_forward}
 
     def restore(self, impl: SamplerBackend, spec: GrammarSpec, payload: Any) -> CompiledGrammar:
         if payload is None or not isinstance(impl, XGrammarBackend):
             return impl.compile(spec)
-        return XGrammarCompiled(spec, xgrammar.CompiledGrammar.deserialize_json(payload, impl.tokenizer_info))
+        grammar = xgrammar.CompiledGrammar.deserialize_json(payload["grammar"], impl.tokenizer_info)
+        return XGrammarCompiled(spec, grammar, jump_forward=bool(payload["jump_forward"]))
 
 
 def _xgrammar_schema(schema: Any, source: str) -> str:

@@ -57,9 +57,9 @@ def nested_array_schema(depth: int) -> str:
     return '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
 
 
-def ref_bomb(levels: int) -> dict[str, Any]:
+def ref_bomb(levels: int, leaf: Any = None) -> dict[str, Any]:
     """Each definition refers to the one below twice: 2**levels paths through a small document."""
-    defs: dict[str, Any] = {"d0": {"type": "integer"}}
+    defs: dict[str, Any] = {"d0": leaf or {"type": "integer"}}
     for i in range(1, levels + 1):
         defs[f"d{i}"] = {"type": "array", "prefixItems": [{"$ref": f"#/$defs/d{i - 1}"}] * 2, "items": False}
     return {"$defs": defs, "$ref": f"#/$defs/d{levels}"}
@@ -130,6 +130,12 @@ CORPUS: list[Hostile] = [
     chat("ebnf_undefined_rule", structured_outputs={"grammar": "root ::= missing"}),
     chat("ebnf_only_itself", structured_outputs={"grammar": "root ::= root"}),
     chat("ebnf_repeat_bomb", structured_outputs={"grammar": 'root ::= "a"{1000000}'}),
+    # Rules each naming the next twice compile in milliseconds and dictate 2**30 characters, which xgrammar's
+    # jump-forward wrote out in one call the engine cannot interrupt (samplers/forced_runs.py).
+    chat("ebnf_rules_doubling_2_pow_30", structured_outputs={"grammar": "root ::= a0\n"
+         + "".join(f"a{i} ::= a{i + 1} a{i + 1}\n" for i in range(30)) + 'a30 ::= "x"\n'}),
+    chat("lark_rules_doubling_2_pow_30", structured_outputs={"grammar_syntax": "lark", "grammar": "start: a0\n"
+         + "".join(f"a{i}: a{i + 1} a{i + 1}\n" for i in range(30)) + 'a30: "x"\n'}),
     chat("grammar_empty", structured_outputs={"grammar": ""}),
     chat("grammar_not_text", structured_outputs={"grammar": {"root": "x"}}),
     # -- $ref trouble ------------------------------------------------------------------------------------------
@@ -137,6 +143,7 @@ CORPUS: list[Hostile] = [
     chat("ref_cycle_in_defs", structured_outputs={"json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {
         "$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}),
     chat("ref_bomb_2_pow_30", structured_outputs={"json": ref_bomb(30)}),
+    chat("ref_bomb_2_pow_30_to_a_const", structured_outputs={"json": ref_bomb(30, leaf={"const": 1})}),
     chat("ref_remote_url", structured_outputs={"json": {"$ref": "http://127.0.0.1:9/never.json"}}),
     chat("ref_missing", structured_outputs={"json": {"$ref": "#/$defs/nowhere"}}),
     # -- schemas with numbers and values no answer can meet ----------------------------------------------------
