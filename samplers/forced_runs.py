@@ -15,8 +15,11 @@ second factor, from above, for every expression:
   its parts are, a choice with its first ready part, a repeat as `min` times its rule).
 - `prefix`: a string its common prefix starts with (`open`: or runs on past it, unknown). A choice meets its
   parts' prefixes; a sequence keeps its first part's when that is shorter than the part's shortest text (the
-  texts differ inside it), else follows the shortest text into the next part. Rules that name themselves
-  start unknown and are recomputed until nothing changes (at most MAX_PASSES; every pass is a sound bound).
+  texts differ inside it), else follows the shortest text into the next part. Rules go in dependency order
+  (Tarjan's groups); rules that name each other start unknown and are recomputed until nothing changes (at most
+  MAX_PASSES; every pass is a sound bound).
+- A pattern (xgrammar keeps one as a rule body, matched by an automaton) counts as its shortest match in bytes
+  unknown here (WILD), and a run starting inside it as at most the longest shortest way on from any point of it.
 """
 
 from __future__ import annotations
