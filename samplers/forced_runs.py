@@ -126,15 +126,13 @@ def _shortest_texts(grammar: _Expressions) -> list[int]:
             heap.append((grammar.pattern_widths[expr][0], expr))
         elif kind in (RULE_REF, REPEAT):
             parents[count + payload[0]].append(expr)
-        elif kind in (SEQUENCE, CHOICES):
+        else:  # a sequence or a choice (_Expressions refused any other type)
             for part in set(payload):
                 parents[part].append(expr)
             if kind == SEQUENCE:
                 waiting[expr] = set(payload)
                 if not payload:
                     heap.append((0, expr))
-        else:
-            raise ValueError(f"unknown xgrammar expression type {kind}")
     for rule, body in enumerate(grammar.bodies):
         parents[body].append(count + rule)
     heapq.heapify(heap)
@@ -156,17 +154,6 @@ def _shortest_texts(grammar: _Expressions) -> list[int]:
             else:  # a choice, a rule or a reference to one: its first final part is its shortest
                 heapq.heappush(heap, (length, parent))
     return lengths
-
-
-def _meet(a: Prefix, b: Prefix) -> Prefix:
-    """The prefix of a union: what both starts agree on, or the other's when one may run on past its own."""
-    (x, x_open), (y, y_open) = a, b
-    common = _agreement(x, y)
-    if x_open and common == len(x):
-        return b
-    if y_open and common == len(y):
-        return a
-    return (_merge(x[:common], y[:common]), False)
 
 
 def _groups(named: list[list[int]]) -> list[list[int]]:
@@ -207,6 +194,17 @@ def _groups(named: list[list[int]]) -> list[list[int]]:
                     parent = work[-1][0]
                     low[parent] = min(low[parent], low[node])
     return groups
+
+
+def _meet(a: Prefix, b: Prefix) -> Prefix:
+    """The prefix of a union: what both starts agree on, or the other's when one may run on past its own."""
+    (x, x_open), (y, y_open) = a, b
+    common = _agreement(x, y)
+    if x_open and common == len(x):
+        return b
+    if y_open and common == len(y):
+        return a
+    return (_merge(x[:common], y[:common]), False)
 
 
 def _agreement(x: bytes, y: bytes) -> int:

@@ -42,8 +42,6 @@ class XGrammarCompiled:
     jump_forward: bool = True  # its forced runs are bounded (MAX_FORCED_RUN)
 
 
-
-
 class XGrammarMatcher:
     def __init__(self, compiled: XGrammarCompiled, tokenizer: Any) -> None:
         self._m = xgrammar.GrammarMatcher(compiled.grammar)

@@ -38,7 +38,6 @@ IGNORED_KEYWORDS = frozenset(
 RELAXED_KEYWORDS = frozenset({"oneOf"})
 
 
-
 def yields_lark(spec: GrammarSpec) -> bool:
     """A wide Lark grammar that greedy lexing provably reads as its CFG (grammars/lark_lexing.py): llguidance
     fills its masks several times faster and accepts exactly the same texts, so `auto` tries it first."""

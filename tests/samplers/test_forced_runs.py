@@ -11,10 +11,10 @@ import random
 from typing import Any
 
 import pytest
-import torch
 import xgrammar
 
 from grammars.spec import GrammarSpec
+from samplers.bitmask import allowed_ids
 from samplers.forced_runs import forced_run_bound
 from samplers.protocol import TokenizerSpec
 from samplers.xgrammar_backend import MAX_FORCED_RUN, XGrammarBackend, XGrammarCodec, XGrammarCompiled
@@ -130,18 +130,11 @@ def test_the_bound_covers_every_forced_run_on_random_walks(tokenizer: TokenizerS
         while not matcher.is_terminated():
             longest = max(longest, len(matcher.find_jump_forward_string().encode()))
             matcher.fill_next_token_bitmask(bitmask)
-            allowed = _allowed(bitmask, info.vocab_size)
+            allowed = allowed_ids(bitmask.numpy()[0], info.vocab_size).tolist()
             if matcher.is_completed() or not allowed:
                 break
             assert matcher.accept_token(rng.choice(allowed))
     assert 0 < longest <= bound * len(table["rules"]) and bound < 100
-
-
-def _allowed(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
-    bits = bitmask[0].to(torch.int64) & 0xFFFFFFFF
-    words = enumerate(bits.tolist())
-    tokens = [word * 32 + bit for word, value in words if value for bit in range(32) if value >> bit & 1]
-    return [token for token in tokens if token < vocab_size]
 
 
 @pytest.mark.parametrize(
