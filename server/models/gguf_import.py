@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +85,10 @@ def convert_gguf(path: Path, out_dir: Path, dtype: torch.dtype) -> None:
     template = read_metadata(path, "tokenizer.chat_template").get("tokenizer.chat_template")  # past the vocabulary
     logger.info("reading the tokenizer of %s (%s)", path.name, arch)
     try:
-        tokenizer: Any = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        logger.info("dequantizing the weights of %s to %s", path.name, str(dtype).removeprefix("torch."))
-        model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        with _parsed_once():
+            tokenizer: Any = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            logger.info("dequantizing the weights of %s to %s", path.name, str(dtype).removeprefix("torch."))
+            model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     except (ValueError, OSError, KeyError, RuntimeError, TypeError) as exc:
         raise GGUFError(f"transformers could not read {path}: {str(exc).strip().splitlines()[0]}") from exc
     if not getattr(tokenizer, "chat_template", None):
@@ -111,6 +114,29 @@ def convert_gguf(path: Path, out_dir: Path, dtype: torch.dtype) -> None:
     eos_ids = [int(i) for i in dict.fromkeys(eos) if i is not None]
     generation = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos_ids}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+
+
+@contextmanager
+def _parsed_once() -> Iterator[None]:
+    """transformers parses the file three times (tokenizer, config, weights), each parse walking every
+    vocabulary string and merge: ~10 s apiece on a 128k-token Llama 3 vocabulary. Inside this block it gets
+    one reader per file (it imports `gguf.GGUFReader` at call time and only reads from the reader)."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def parsed(path: Any, mode: str = "r") -> Any:
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)  # type: ignore[arg-type]
+        return readers[key]
+
+    gguf.GGUFReader = parsed  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original  # type: ignore[misc]
 
 
 def _drop_tokens_past(tokenizer_file: Path, vocab_size: int) -> None:

@@ -225,11 +225,22 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
 ) -> None:
     """corral-tiny written as a GGUF (llama.cpp's layout: permuted q/k, GPT-2 style vocabulary) loads through
     `--model FILE.gguf` into the same model: same tokens, same logits, same chat template and stop tokens."""
+    import gguf
+
     from server.engine.model_runner import ForwardRow, ModelRunner
 
     path, cache = tiny_gguf
     monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
+    parses: list[tuple[object, ...]] = []
+    parse = gguf.GGUFReader.__init__
+
+    def counted(reader: gguf.GGUFReader, *args: Any, **kwargs: Any) -> None:
+        parses.append(args)
+        parse(reader, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
     ours = load_model(path, device="cpu", quantization="none")  # `auto` would serve a GGUF's weights in fp16
+    assert len(parses) == 1  # tokenizer, config and weights from one parse (each costs ~10 s on this vocabulary)
     tiny = load_model("corral-tiny", device="cpu")
     assert tiny.quantization == "none"  # `auto`: a checkpoint not from a GGUF keeps its dtype
     assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == cache / "models"
