@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import httpx
@@ -120,6 +121,7 @@ def tokenizer() -> object:
 TOKENIZER_FAMILIES = ["corral-tiny", "gemma-3-270m"]
 
 
+@cache  # one per family for the whole run: loading gemma-3-270m for its tokenizer takes ~17 s
 def family_tokenizer(model: str) -> object:
     """`model`'s TokenizerSpec as `corral serve` sees it (vocabulary, logits width, stop tokens)."""
     from samplers.protocol import TokenizerSpec
