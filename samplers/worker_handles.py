@@ -25,16 +25,59 @@ START_TIMEOUT_S = 300.0  # booting a worker (imports + tokenizer tables) on a bu
 _CTX = multiprocessing.get_context("spawn")
 
 
+_Started = tuple[Connection, SpawnProcess]
+_spare: tuple[Connection, SpawnProcess, int | None] | None = None  # a zygote started ahead of its blob
+_spare_lock = threading.Lock()
+
+
+def _spawn_zygote(blob: bytes | None, memory_limit_mb: int | None) -> _Started:
+    conn, child = _CTX.Pipe()
+    process = _CTX.Process(
+        target=zygote_main, args=(child, blob, memory_limit_mb), name="corral-compile-zygote", daemon=True
+    )
+    process.start()
+    child.close()
+    return conn, process
+
+
+def prespawn_zygote(memory_limit_mb: int | None) -> None:
+    """Start the compile zygote's process before the tokenizer exists: its interpreter start and imports
+    (~3-4 s) then run while the server loads its model, and the first zygote the server needs (with the same
+    memory limit) adopts it. Nothing where workers cannot be forked."""
+    global _spare
+    if not (hasattr(os, "fork") and hasattr(reduction, "send_handle")):
+        return
+    with _spare_lock:
+        if _spare is None:
+            _spare = (*_spawn_zygote(None, memory_limit_mb), memory_limit_mb)
+
+
+def _adopt_spare(blob: bytes, memory_limit_mb: int | None) -> _Started | None:
+    """The zygote started ahead, given its blob; None if there is none that fits (one that does not is stopped)."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is None:
+        return None
+    conn, process, limit = spare
+    if limit == memory_limit_mb and process.is_alive():
+        try:
+            conn.send_bytes(blob)
+            return conn, process
+        except OSError:
+            pass  # it died just now: start another
+    with contextlib.suppress(OSError):
+        conn.close()
+    process.kill()
+    process.join(5)
+    return None
+
+
 class Zygote:
     """Parent side of the zygote process (`zygote_main`): forks ready workers on request."""
 
     def __init__(self, blob: bytes, memory_limit_mb: int | None) -> None:
-        self.conn, child = _CTX.Pipe()
-        self.process: SpawnProcess = _CTX.Process(
-            target=zygote_main, args=(child, blob, memory_limit_mb), name="corral-compile-zygote", daemon=True
-        )
-        self.process.start()
-        child.close()
+        self.conn, self.process = _adopt_spare(blob, memory_limit_mb) or _spawn_zygote(blob, memory_limit_mb)
         self._lock = threading.Lock()  # one fork conversation at a time
         self.ready = False
 

@@ -9,6 +9,8 @@ disappears."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import pickle
 import resource
@@ -25,6 +27,9 @@ from samplers.protocol import BackendDescriptor, Codec, SamplerBackend, Tokenize
 # Compiled in a forked child before the zygote says it is ready: forking must give a working worker.
 FORK_PROBES = (GrammarSpec(GrammarKind.REGEX, "[a-z]{1,4}"), GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type":"object"}'))
 FORK_PROBE_TIMEOUT_S = 60.0
+# What unpickling a blob and building the built-in backends import (~2 s): a zygote started ahead of its blob
+# imports them while the server loads its model.
+AHEAD_IMPORTS = ("transformers", "samplers.xgrammar_backend", "samplers.llguidance_backend")
 
 Backends = dict[str, SamplerBackend]
 
@@ -54,15 +59,25 @@ def worker_main(conn: Connection, blob: bytes, memory_limit_mb: int | None) -> N
     serve_compiles(conn, backends, codecs)
 
 
-def zygote_main(conn: Connection, blob: bytes, memory_limit_mb: int | None) -> None:
+def zygote_main(conn: Connection, blob: bytes | None, memory_limit_mb: int | None) -> None:
     """Build the backends' tables once, then fork ready workers from them on request (~0.1 s each instead
     of a ~5-8 s boot per worker). Every worker a compile bomb's deadline kills is replaced this way, so
     refusing a flood of bombs costs their deadlines, not a table build each. The zygote never compiles
     itself; it is single-threaded apart from idle library threads, and it proves a forked child can
-    compile (`FORK_PROBES`) before it reports ready, else the pool spawns workers as before."""
-    booted = time.monotonic()
+    compile (`FORK_PROBES`) before it reports ready, else the pool spawns workers as before.
+    `blob` None: started before the server had its tokenizer (`worker_handles.prespawn_zygote`); it imports
+    ahead, then reads the blob from the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent(os.getppid())
+    if blob is None:
+        for name in AHEAD_IMPORTS:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+        try:
+            blob = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the server never needed it
+    booted = time.monotonic()
     try:
         backends, codecs, descriptors = boot(blob)
         probe_fork(backends, descriptors)

@@ -80,6 +80,10 @@ def serve(args: argparse.Namespace) -> int:
 
     cores = torch.get_num_threads()
     torch.set_num_threads(1)  # this thread (HTTP) never forms an OpenMP team: see server/torch_threads.py
+    if settings.compile_isolate:
+        from samplers.worker_handles import prespawn_zygote
+
+        prespawn_zygote(settings.compile_memory_limit_mb)  # boots beside the model's load
     options = dataclasses.asdict(settings.group(ModelOptions))
     try:
         loaded = on_passing_thread(lambda: load_model(**options), threads=cores)
