@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # booting a worker (imports + tokenizer tables) on a busy host
 _CTX = multiprocessing.get_context("spawn")
+CAN_FORK = hasattr(os, "fork") and hasattr(reduction, "send_handle")  # a zygote needs both
 
 
 _Started = tuple[Connection, SpawnProcess]
@@ -45,7 +46,7 @@ def prespawn_zygote(memory_limit_mb: int | None) -> None:
     (~3-4 s) then run while the server loads its model, and the first zygote the server needs (with the same
     memory limit) adopts it. Nothing where workers cannot be forked."""
     global _spare
-    if not (hasattr(os, "fork") and hasattr(reduction, "send_handle")):
+    if not CAN_FORK:
         return
     with _spare_lock:
         if _spare is None:
@@ -252,7 +253,7 @@ class WorkerSource:
     def __init__(self, memory_limit_mb: int | None, start_timeout_s: float, *, fork: bool) -> None:
         self.memory_limit_mb = memory_limit_mb
         self.start_timeout_s = start_timeout_s
-        self.fork = fork and hasattr(os, "fork") and hasattr(reduction, "send_handle")
+        self.fork = fork and CAN_FORK
         self.zygotes: list[Zygote] = []  # the live one, if any (a list: the sandbox's finalizer holds it)
         self.error: str | None = None
         self.closed = False  # set by a final close: no zygote boots again

@@ -5,6 +5,7 @@ compile; a started process that does not fit is stopped, not left behind."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from multiprocessing.context import SpawnProcess
 
 import pytest
 
@@ -16,18 +17,16 @@ from samplers.registry import BackendSet
 from samplers.sandbox import DEFAULT_MEMORY_LIMIT_MB, CompileSandbox
 
 
-def _started_ahead(memory_limit_mb: int | None) -> int:
+def _started_ahead(memory_limit_mb: int | None) -> SpawnProcess:
     assert worker_handles._spare is None
     worker_handles.prespawn_zygote(memory_limit_mb)
     worker_handles.prespawn_zygote(memory_limit_mb)  # a second call starts no second process
-    assert worker_handles._spare is not None
-    pid = worker_handles._spare[1].pid
-    assert pid is not None
-    return pid
+    assert worker_handles._spare is not None and worker_handles._spare[1].pid is not None
+    return worker_handles._spare[1]
 
 
 def test_the_first_sandbox_adopts_the_zygote_started_ahead(tokenizer: TokenizerSpec) -> None:
-    ahead = _started_ahead(DEFAULT_MEMORY_LIMIT_MB)
+    ahead = _started_ahead(DEFAULT_MEMORY_LIMIT_MB).pid
     box = CompileSandbox(tokenizer, ["xgrammar"], workers=1)
     try:
         box.wait_ready()
@@ -41,13 +40,12 @@ def test_the_first_sandbox_adopts_the_zygote_started_ahead(tokenizer: TokenizerS
 
 
 def test_a_zygote_started_ahead_with_another_memory_limit_is_stopped(tokenizer: TokenizerSpec) -> None:
-    ahead = _started_ahead(DEFAULT_MEMORY_LIMIT_MB + 1)
-    process = worker_handles._spare[1] if worker_handles._spare else None
+    process = _started_ahead(DEFAULT_MEMORY_LIMIT_MB + 1)
     box = CompileSandbox(tokenizer, ["xgrammar"], workers=1)
     try:
         box.wait_ready()
-        assert box.zygote_pid not in (None, ahead) and worker_handles._spare is None
-        assert process is not None and not process.is_alive()
+        assert box.zygote_pid not in (None, process.pid) and worker_handles._spare is None
+        assert not process.is_alive()
     finally:
         box.close(final=True)
 
