@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`; 0 runs the suite in one process. Whole files go to a worker
+# (--dist loadfile), so a module's server or model fixture starts once.
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint clean
 
@@ -24,7 +27,7 @@ serve: $(STAMP)
 	$(BIN)/corral serve $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
