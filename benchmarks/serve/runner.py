@@ -16,7 +16,7 @@ import httpx
 from benchmarks.harness import ServerBenchConfig, write_json
 from benchmarks.jsonschemabench.dataset import SchemaCase
 from benchmarks.serve.bandwidth import bandwidth_section, read_bandwidth
-from benchmarks.serve.client import Endpoint, make_client, run_level, send
+from benchmarks.serve.client import Endpoint, make_client, run_level
 from benchmarks.serve.peer import resolve_peer_model
 from benchmarks.serve.report import throughput_plot
 from benchmarks.serve.server_proc import corral_server
@@ -120,11 +120,18 @@ async def select_and_warm(client: httpx.AsyncClient, config: ServeBenchConfig, p
                 selection.errors.append({"schema": case.case_id, "error": result.error})
     if len(selection.cases) < wanted:
         log.warning("only %d of %d schemas were accepted", len(selection.cases), wanted)
-    # A few unconstrained requests too, so the first timed unconstrained run does not pay any first-use cost.
-    for case in selection.cases[:2]:
-        await send(client, case, mode="unconstrained", concurrency=1, max_tokens=config.max_tokens,
-                   endpoint=corral_endpoint(config))
+    await warm_unconstrained(client, selection.cases, config, corral_endpoint(config))
     return selection
+
+
+async def warm_unconstrained(client: httpx.AsyncClient, cases: list[BenchCase], config: ServeBenchConfig,
+                             endpoint: Endpoint) -> None:
+    """Unconstrained requests at the highest level, untimed, as many as it runs at once: the constrained
+    warm-up already ran at that level, and without this the first timed unconstrained run there would pay the
+    server's first steps of that batch size (shapes seen once, per-shape choices being tried)."""
+    width = max(config.concurrency)
+    await run_level(client, [cases[i % len(cases)] for i in range(width)], mode="unconstrained",
+                    concurrency=width, max_tokens=config.max_tokens, endpoint=endpoint)
 
 
 def corral_endpoint(config: ServeBenchConfig) -> Endpoint:
@@ -146,9 +153,8 @@ async def warm_peer(client: httpx.AsyncClient, cases: list[BenchCase], config: S
         else:
             (selection.refused if result.status == "refused" else selection.errors).append(
                 {"schema": case.case_id, "error": result.error, "http_status": result.http_status})
-    for case in selection.cases[:2]:
-        await send(client, case, mode="unconstrained", concurrency=1, max_tokens=config.max_tokens,
-                   endpoint=endpoint)
+    if selection.cases:
+        await warm_unconstrained(client, selection.cases, config, endpoint)
     return selection
 
 
