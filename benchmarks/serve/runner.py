@@ -129,6 +129,8 @@ async def warm_unconstrained(client: httpx.AsyncClient, cases: list[BenchCase], 
     """Unconstrained requests at the highest level, untimed, as many as it runs at once: the constrained
     warm-up already ran at that level, and without this the first timed unconstrained run there would pay the
     server's first steps of that batch size (shapes seen once, per-shape choices being tried)."""
+    if not cases:  # nothing was accepted: the caller reports that
+        return
     width = max(config.concurrency)
     await run_level(client, [cases[i % len(cases)] for i in range(width)], mode="unconstrained",
                     concurrency=width, max_tokens=config.max_tokens, endpoint=endpoint)
@@ -153,8 +155,7 @@ async def warm_peer(client: httpx.AsyncClient, cases: list[BenchCase], config: S
         else:
             (selection.refused if result.status == "refused" else selection.errors).append(
                 {"schema": case.case_id, "error": result.error, "http_status": result.http_status})
-    if selection.cases:
-        await warm_unconstrained(client, selection.cases, config, endpoint)
+    await warm_unconstrained(client, selection.cases, config, endpoint)
     return selection
 
 

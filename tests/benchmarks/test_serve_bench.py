@@ -11,7 +11,7 @@ import pytest
 from benchmarks.serve.cli import parse_levels
 from benchmarks.serve.report import markdown_table, ratio_lines, table_rows
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, percentile, ratio, summarize_run
-from benchmarks.serve.workload import candidate_cases, kind_cases, request_body
+from benchmarks.serve.workload import BenchCase, candidate_cases, kind_cases, request_body
 from grammars.spec import GrammarKind
 
 REPO = Path(__file__).resolve().parents[2]
@@ -328,3 +328,29 @@ def test_weight_elements_counts_every_tensor_once(tmp_path: Path) -> None:
     save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
     assert weight_elements(tmp_path) == 12 + 5 + 8
     assert weight_elements(tmp_path / "missing") is None
+
+
+def test_warm_up_fills_the_highest_level_unconstrained_and_skips_an_empty_selection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first timed unconstrained run at the top level must not be the first batch of that size the server
+    sees: the warm-up sends that many at once (cycling over fewer cases), and nothing when none was accepted."""
+    import asyncio
+
+    from benchmarks.serve import runner
+
+    sent: list[tuple[list[str], str, int]] = []
+
+    async def fake_run_level(client: Any, cases: list[Any], *, mode: str, concurrency: int, **_: Any) -> Any:
+        sent.append(([c.case_id for c in cases], mode, concurrency))
+        return [], 0.0
+
+    monkeypatch.setattr(runner, "run_level", fake_run_level)
+    config = runner.ServeBenchConfig(data=SAMPLE, out=Path("unused"), concurrency=(1, 4), baseline=False)
+    cases: list[BenchCase] = list(candidate_cases(SAMPLE, 3)[:3])  # the first three; the rest are spares
+    client: Any = None  # never used: run_level is replaced
+    asyncio.run(runner.warm_unconstrained(client, cases, config, runner.corral_endpoint(config)))
+    ids = [c.case_id for c in cases]
+    assert sent == [([ids[0], ids[1], ids[2], ids[0]], "unconstrained", 4)]
+    asyncio.run(runner.warm_unconstrained(client, [], config, runner.corral_endpoint(config)))
+    assert len(sent) == 1
