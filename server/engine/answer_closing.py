@@ -3,12 +3,12 @@ ends it with the shortest completion the grammar allows (samplers/closing.py) in
 
 When to look: a search costs a few mask fills (~1-5 ms), so it runs only once the room left (max_tokens or
 the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that found a
-completion of n tokens, again once the room is within 2n + `MARGIN` and half the slack beyond n + `MARGIN` is
-used; after one that found nothing, again in `MISS_RETRY` tokens, then twice that. It closes
-when the completion would leave less than `MARGIN` tokens: one more step appends a token plus any the grammar
-forces, and may open a nested value that needs more to close. If a step still leaves no completion that fits
-(it opened an object with required properties, say), the engine takes that step back and closes from where
-the last completion was found, which still fits: that room was larger by the tokens the step added.
+completion of n tokens, again once half the slack beyond n + `MARGIN` is used; after one that found nothing,
+again in `MISS_RETRY` tokens, then twice that. It closes when the completion would leave less than `MARGIN`
+tokens: one more step appends a token plus any the grammar forces, and may open a nested value that needs more
+to close. If a step still leaves no completion that fits (it opened an object with required properties, say),
+the engine takes that step back and closes from where the last completion was found, which still fits: that
+room was larger by the tokens the step added.
 """
 
 from __future__ import annotations
@@ -123,11 +123,13 @@ class AnswerCloser:
         self.misses = 0
         if len(plan) + MARGIN < room:
             self.fallback = (at, plan)
-            # Again once the room is within 2n + MARGIN, and past that once half the slack (the room the
-            # completion leaves beyond MARGIN) is used: checking every step there cost ~20 searches per answer
-            # with a long completion, and a completion seldom grows faster than the answer.
+            # Again once half the slack (the room the completion leaves beyond MARGIN) is used: checking every
+            # step from 2n + MARGIN down cost ~20 searches per answer with a long completion. Not waiting for
+            # 2n + MARGIN either: a short completion found early (`]` after `[`) grows as the model opens
+            # values, and by then the fallback would take the whole answer back (Gemma 3, `gguf`, Github_trivial
+            # o60129 at 32 tokens: `[]` after 24 steps, where cutting the string it was writing still fitted).
             slack = room - len(plan) - MARGIN
-            self.next_check = min(2 * len(plan) + MARGIN, room - max(1, slack // 2))
+            self.next_check = room - max(1, slack // 2)
             return None
         return at, plan
 

@@ -103,8 +103,8 @@ def test_budget_searches_that_find_nothing_come_less_often(monkeypatch: pytest.M
 def test_after_a_completion_is_found_the_next_search_waits_for_half_the_slack(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A completion of n tokens found with room r: the next search comes once the room is within 2n + MARGIN
-    and half of the slack (r - n - MARGIN) is used, never later than the step before it would no longer fit."""
+    """A completion of n tokens found with room r: the next search comes once half of the slack
+    (r - n - MARGIN) is used, never later than the step before it would no longer fit."""
     completion = list(range(20))
     rooms: list[int] = []
 
@@ -123,3 +123,29 @@ def test_after_a_completion_is_found_the_next_search_waits_for_half_the_slack(
     assert rooms == [48, 36, 30, 27, 26, 25, 24]  # slack 24: next after 12 tokens, then 6, 3, then every step
     assert closed_at == len(completion) + margin  # closed where the completion just fits
     # (The earlier rule, every step from 2n + MARGIN = 44 down, made it 21 searches.)
+
+
+def test_a_short_completion_found_early_is_checked_again_before_a_longer_one_stops_fitting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`]` found right after `[` (1 token), then the model opens an object and a string whose completion takes 8
+    tokens: the answer must close from there, keeping what it wrote, not fall back to `[]` (seen on Gemma 3
+    under `gguf` when the next search waited for a room of 2n + MARGIN = 6)."""
+    rooms: list[int] = []
+
+    def search(matcher: object, vocab: object, room: int, **kwargs: object) -> list[int] | None:
+        rooms.append(room)
+        return [9] if room == 31 else list(range(8))
+
+    monkeypatch.setattr(answer_closing, "shortest_completion", search)
+    closer = answer_closing.AnswerCloser(cast(ClosingVocabulary, None))
+    closed = None
+    for room in range(31, 0, -1):
+        closed = closer.plan_if_due(cast(Matcher, None), room, 32 - room, str)
+        if closed is not None:
+            break
+    assert closed is not None
+    at, plan = closed
+    assert plan == list(range(8)) and at > 1  # closed where it stood, not from the first fallback at `[`
+    assert at + len(plan) <= 32  # within the budget
+    assert len(rooms) <= 8  # a halving schedule, not a search every step
