@@ -8,8 +8,11 @@ the `ggml-python` bindings, the `ggml` extra), multiplies the same fp16 weights 
 projections and 11.6 ms for the 335 MB head against fbgemm's 16-18 (measured on this machine's EPYC, both on two
 threads; docs/serving-benchmark.md). Past a few rows fbgemm's kernel, which reuses each weight it reads across
 them, is the faster: the layers' 72 products took 9.0 / 12.3 / 17.0 ms on ggml at 2 / 4 / 8 rows against fbgemm's
-11.9 / 13.5 / 16.4, the head 16.7 ms at two rows against 16.5. So a layer sends up to `LAYER_MAX_ROWS` rows here
-and the head one.
+11.9 / 13.5 / 16.4, the head 16.7 ms at two rows against 16.5. On an Intel Xeon (AVX-512, ggml built for it) a
+whole fp16 decode step of Gemma 3 at 6 / 8 / 10 / 12 / 16 rows took 44 / 56 / 71 / 69 / 100 ms with the layers on
+ggml against 50 / 67 / 76 / 68 / 102 on fbgemm (the head on fbgemm in both; same process, alternating). So a layer
+sends up to `LAYER_MAX_ROWS` tokens here (a constrained step's rows carry jump-forward tokens too) and the head
+one row.
 
 ggml's F16 dot product takes its input in fp16 too (as llama.cpp computes an F16 model), so a row's outputs are
 rounded a little against fbgemm's (float32 input): the head reports `rounds_outputs` and the logits that decide
@@ -45,7 +48,7 @@ except ImportError:  # the optional `ggml` extra is not installed: fbgemm serves
     _ggml_utils = None
 
 SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed), "products" or "torch"
-LAYER_MAX_ROWS = 4  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
+LAYER_MAX_ROWS = 16  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
 _STATUS_SUCCESS = 0
 # ggml's runtime is process-wide and its compute is not re-entrant: one call at a time (the engine thread's).
 # Re-entrant: a row kernel holds it across its shared input/output buffers and the compute inside.
