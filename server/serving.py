@@ -268,6 +268,7 @@ class Service:
             sink=sink,
             matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
             backend=backend,
+            grammar=compiled.compiled if backend and compiled else None,
             streaming=deltas,
             closable=closable,
             required_keys=required_keys(spec) if closable and spec is not None else frozenset(),

@@ -87,19 +87,22 @@ class AnswerCloser:
         closing_only = all(not c.strip() or c in "}]" for t in tokens[-period:] for c in text(t))
         return 0 if closing_only else period
 
-    def seed(self, matcher: Matcher, room: int) -> None:
-        """Before the first token, where the budget barely holds the grammar's shortest answer: that answer, as
-        the fallback. The model's first step may leave no completion that fits (a first token ` {` makes the
-        answer one token longer than the grammar's `{"`); the answer then closes from the start instead. Only
-        then: with room to spare, a dead end later is the revision's to undo, not the closing's."""
-        if not self.due(room):
-            return
+    def opening(self, matcher: Matcher, room: int) -> list[int] | None:
+        """The grammar's shortest answer from the start (the matcher before its first token), within `room`:
+        what `seed` takes. It depends on the compiled grammar, the room, `keys` and `examples` alone, so the
+        engine keeps it per grammar (server/engine/grammar_tokens.py)."""
         # Once per answer, so the runaway's longer deadline: the per-step one missed it on a loaded machine.
-        plan = shortest_completion(
+        return shortest_completion(
             matcher, self.vocab, room, keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S, examples=self.examples
         )
-        if plan is not None and len(plan) + MARGIN >= room:
-            self.fallback = (0, plan)
+
+    def seed(self, opening: list[int] | None, room: int) -> None:
+        """Before the first token, where the budget barely holds the grammar's shortest answer (`opening`):
+        that answer, as the fallback. The model's first step may leave no completion that fits (a first token
+        ` {` makes the answer one token longer than the grammar's `{"`); the answer then closes from the start
+        instead. Only then: with room to spare, a dead end later is the revision's to undo, not the closing's."""
+        if opening is not None and len(opening) + MARGIN >= room:
+            self.fallback = (0, list(opening))
 
     def due(self, room: int) -> bool:
         return room <= self.next_check

@@ -9,7 +9,7 @@ from enum import Enum
 
 import torch
 
-from samplers.protocol import Matcher, SamplerBackend
+from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector
 from server.engine.answer_closing import AnswerCloser
@@ -58,6 +58,9 @@ class Sequence:
     sink: Callable[[SeqOutput], None]
     matcher: Matcher | None = None
     backend: SamplerBackend | None = None
+    # The compiled grammar `matcher` came from (shared by every request of that grammar): what the engine keys
+    # per-grammar results on. None: unconstrained, or a caller that built the matcher itself.
+    grammar: CompiledGrammar | None = None
     output_ids: list[int] = field(default_factory=list)
     # Tokens to feed at the next forward: the prompt first, then each sampled token plus forced ones.
     pending: list[int] = field(default_factory=list)
