@@ -6,15 +6,16 @@ casts), each a few microseconds of dispatch for a few hundred numbers (profiled:
 2.5 ms), and ~90 us per layer of attention, most of it Python around a 9 us kernel. ggml runs the same
 arithmetic as nodes of a graph, a node for a few hundred numbers costing about a microsecond. Two forms:
 
-- **One graph for the whole decoder** when every row of the step feeds one token and the rows sit in
-  consecutive slots (a plain decode step: `DecodeCache.decode_slots`). Attention is ggml's too: this step's
-  keys and values are written into the torch-owned KV cache (`set_rows`, by flat index) and
-  `flash_attn_ext` reads each row's slot in place, masked to the row's length (and a sliding layer's window).
-  The graph is built per row count and per key bucket (a power of two >= the longest row): only the views'
-  data pointers move, per step, to the step's first slot.
-- **One graph per layer boundary** for other steps of up to `max_tokens` tokens (a row fed several tokens,
-  rows in scattered slots): attention stays in torch between the graphs, each running from one layer's
-  attention output to the next one's queries, keys and values.
+- **One graph for the whole decoder** when the rows of the step sit in consecutive slots in pack order
+  (`DecodeCache.decode_slots`), each feeding one token or a few (a sampled token and the grammar's forced ones
+  after it, a short prompt). Attention is ggml's too: this step's keys and values are written into the
+  torch-owned KV cache (`set_rows`, by flat index) and `flash_attn_ext` reads each row's slot in place, each
+  query masked to its own position (and a sliding layer's window). The graph is built per step shape (tokens,
+  rows, tokens per row, and a key bucket: a power of two >= the longest row): only the views' data pointers
+  move, per step, to the step's first slot.
+- **One graph per layer boundary** for other steps of up to `max_tokens` tokens (rows in scattered slots):
+  attention stays in torch between the graphs, each running from one layer's attention output to the next
+  one's queries, keys and values.
 
 The products multiply the same fp16 weights the row kernels hold (no second copy). Arithmetic matches the
 torch path up to ggml's roundings: a product's input is rounded to fp16 (as in row_kernel.py), and ggml's GELU
@@ -37,6 +38,9 @@ _ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the tw
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
 _LAYER_NODES = 48  # a layer of the one-graph decoder: ~35
 _MIN_KEY_BUCKET = 64
+# One-graph decoders kept, one per step shape (tokens, rows, tokens per row, key bucket), each ~1-3 MB and
+# ~3-7 ms to build for Gemma 3: enough for a batch's shapes as rows join, leave and carry forced tokens.
+DECODERS_KEPT = 64
 
 
 class Attend(Protocol):
@@ -263,29 +267,44 @@ class _BoundaryGraphs:
 
 
 class _DecodeGraph:
-    """The whole decoder as one graph for `rows` rows of one token each in consecutive slots, attending over
-    up to `keys` positions of each slot; ends with the final norm: [rows, hidden]."""
+    """The whole decoder as one graph for `rows` rows in consecutive slots, `tokens` tokens in all (each row at
+    most `queries` of them, packed in row order), attending over up to `keys` positions of each slot; ends with
+    the final norm: [tokens, hidden].
 
-    def __init__(self, steps: GgmlLayerSteps, cache: DecodeCache, rows: int, keys: int) -> None:
+    ggml's attention takes a block of `queries` queries per row: with one token a row the rotated queries are that
+    block as they lie; with several (a sampled token and the grammar's forced ones after it) each row's queries
+    are gathered into a block padded with copies of its last one (masked to key 0, their outputs never read),
+    and the outputs gathered back into the packed order. The products and norms see only the real tokens."""
+
+    def __init__(
+        self, steps: GgmlLayerSteps, cache: DecodeCache, tokens: int, rows: int, queries: int, keys: int
+    ) -> None:
         ggml, _ = ggml_modules()
         layers = steps.layers
         nodes = _LAYER_NODES * len(layers) + 16
-        size = (_activation_bytes(steps, rows) + 2 * keys * rows * 2) * len(layers)
-        size += 4 * ggml.ggml_tensor_overhead() * len(layers) + ggml.ggml_graph_overhead_custom(nodes, False)
-        self.context = c = _Context(steps, rows, 2 * size + (1 << 16))
         s = steps.shape
-        self.rows, self.keys = rows, keys
-        kv_size = s.num_kv_heads * s.head_dim
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        padded = rows * queries
+        per_layer = _activation_bytes(steps, tokens) + (3 * q_size * padded * 4 if queries > 1 else 0)
+        size = (per_layer + 4 * ggml.ggml_tensor_overhead()) * len(layers) + 2 * keys * padded * 2
+        size += 4 * padded * 4 + ggml.ggml_graph_overhead_custom(nodes, False)
+        self.context = c = _Context(steps, tokens, 2 * size + (1 << 16))
+        self.tokens, self.rows, self.queries, self.keys = tokens, rows, queries, keys
         slot_bytes = cache.max_len * kv_size * 4
-        x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, rows)
-        self.x_in = c.view(x, rows, s.hidden_size)
-        write = c.new(ggml.GGML_TYPE_I64, rows)
-        self.write_in = c.view(write, rows)
-        # Masks [keys, 1, 1, rows] (fp16, as flash_attn_ext takes them): 0 where a row sees a key, -inf elsewhere.
-        full_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, 1, 1, rows)
-        window_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, 1, 1, rows)
-        self.full_mask_in = c.view(full_mask, rows, keys)
-        self.window_mask_in = c.view(window_mask, rows, keys)
+        x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, tokens)
+        self.x_in = c.view(x, tokens, s.hidden_size)
+        write = c.new(ggml.GGML_TYPE_I64, tokens)
+        self.write_in = c.view(write, tokens)
+        # Masks [keys, queries, 1, rows] (fp16, as flash_attn_ext takes them): 0 where a query sees a key, -inf
+        # elsewhere.
+        full_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, queries, 1, rows)
+        window_mask = ggml.ggml_new_tensor_4d(c.ctx, ggml.GGML_TYPE_F16, keys, queries, 1, rows)
+        self.full_mask_in = c.view(full_mask, rows, queries, keys)
+        self.window_mask_in = c.view(window_mask, rows, queries, keys)
+        gather = scatter = None
+        if queries > 1:  # each query block's token in the pack, and each token's place in the blocks
+            gather, scatter = c.new(ggml.GGML_TYPE_I32, padded), c.new(ggml.GGML_TYPE_I32, tokens)
+            self.gather_in, self.scatter_in = c.view(gather, padded), c.view(scatter, tokens)
         # The cache's buffers, as ggml tensors over torch's memory [kv_size, slots * max_len].
         cache_bytes = 2 * len(layers) * ggml.ggml_tensor_overhead() + 4096
         external = ggml.ggml_init_params(mem_size=cache_bytes, mem_buffer=None, no_alloc=True)
@@ -294,12 +313,9 @@ class _DecodeGraph:
         self.cache_pointers: list[int] = []
         for i, layer in enumerate(layers):
             qkv, rotated = c.queries_keys_values(layer, x)
-            new_k = ggml.ggml_view_2d(
-                c.ctx, rotated, kv_size, rows, rotated.contents.nb[2], s.num_heads * s.head_dim * 4
-            )
-            new_v = ggml.ggml_view_2d(
-                c.ctx, qkv, kv_size, rows, qkv.contents.nb[1], (s.num_heads * s.head_dim + kv_size) * 4
-            )
+            per_token = rotated.contents.nb[2]
+            new_k = ggml.ggml_view_2d(c.ctx, rotated, kv_size, tokens, per_token, s.num_heads * s.head_dim * 4)
+            new_v = ggml.ggml_view_2d(c.ctx, qkv, kv_size, tokens, qkv.contents.nb[1], (q_size + kv_size) * 4)
             stored = []
             for buffer, new in ((cache.keys[i], new_k), (cache.values[i], new_v)):
                 whole = ggml.ggml_new_tensor_2d(self._cache_ctx, ggml.GGML_TYPE_F32, kv_size, buffer.numel() // kv_size)
@@ -312,35 +328,56 @@ class _DecodeGraph:
                 )
                 self._attention_views.append(seen.contents)
                 stored.append(seen)
-            queries = ggml.ggml_view_4d(
-                c.ctx, rotated, s.head_dim, 1, s.num_heads, rows, rotated.contents.nb[2], s.head_dim * 4,
-                rotated.contents.nb[2], 0,
-            )
+            if gather is None:  # [head_dim, 1, heads, rows]: each token's queries as they lie
+                block = ggml.ggml_view_4d(
+                    c.ctx, rotated, s.head_dim, 1, s.num_heads, rows, per_token, s.head_dim * 4, per_token, 0
+                )
+            else:  # [head_dim, queries, heads, rows], gathered from the pack
+                packed = ggml.ggml_view_2d(c.ctx, rotated, q_size, tokens, per_token, 0)
+                picked = ggml.ggml_get_rows(c.ctx, packed, gather)
+                block = ggml.ggml_permute(
+                    c.ctx, ggml.ggml_reshape_4d(c.ctx, picked, s.head_dim, s.num_heads, queries, rows), 0, 2, 1, 3
+                )
             mask = window_mask if layer.window is not None else full_mask
-            attention = ggml.ggml_flash_attn_ext(c.ctx, queries, stored[0], stored[1], mask, s.attn_scale, 0.0, 0.0)
-            # [head_dim, heads, 1, rows] -> [q_size, rows]: the o projection's input.
-            attention = ggml.ggml_reshape_2d(c.ctx, attention, s.num_heads * s.head_dim, rows)
+            attention = ggml.ggml_flash_attn_ext(c.ctx, block, stored[0], stored[1], mask, s.attn_scale, 0.0, 0.0)
+            # [head_dim, heads, queries, rows] -> [q_size, tokens]: the o projection's input.
+            attention = ggml.ggml_reshape_2d(c.ctx, attention, q_size, padded)
+            if scatter is not None:
+                attention = ggml.ggml_get_rows(c.ctx, attention, scatter)
             x = c.layer_tail(layer, x, attention)
         x = c.norm(x, steps.final_norm)
         self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
         ggml.ggml_build_forward_expand(self.graph, x)
-        self.x_out = c.view(x, rows, s.hidden_size)
+        self.x_out = c.view(x, tokens, s.hidden_size)
         self._plan = GraphPlan(self.graph)
         self._slot_bytes, self._max_len = slot_bytes, cache.max_len
         self._window = next((p.window for p in layers if p.window is not None), None)
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, first_slot: int, threads: int) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, first_slot: int, threads: int
+    ) -> torch.Tensor:
+        """x [tokens, hidden] packed in row order; `last`: each row's last token in the pack."""
         c = self.context
         c.positions_in.copy_(positions)
         self.x_in.copy_(x)
-        slots = torch.arange(first_slot, first_slot + self.rows)
-        self.write_in.copy_(slots * self._max_len + positions)
-        keys = torch.arange(self.keys)[None, :]
-        lengths = positions[:, None] + 1
+        counts = torch.diff(last, prepend=torch.tensor([-1]))
+        starts = last + 1 - counts
+        row_of = torch.repeat_interleave(torch.arange(self.rows), counts)
+        self.write_in.copy_((first_slot + row_of) * self._max_len + positions)
+        # Each block's query j of row r: the row's token j, or its last one for padding.
+        within = torch.arange(self.queries)[None, :]
+        real = within < counts[:, None]
+        picked = starts[:, None] + torch.minimum(within, counts[:, None] - 1)  # [rows, queries]
+        if self.queries > 1:
+            self.gather_in.copy_(picked.reshape(-1))
+            self.scatter_in.copy_(row_of * self.queries + torch.arange(self.tokens) - starts[row_of])
+        # Keys a query sees: its own position + 1; padding sees key 0 only (a finite softmax, output unread).
+        lengths = torch.where(real, positions[picked] + 1, 1)[:, :, None]
+        keys = torch.arange(self.keys)[None, None, :]
         visible = keys < lengths
         self.full_mask_in.copy_(torch.where(visible, 0.0, float("-inf")))
         if self._window is not None:
-            in_window = visible & (keys >= lengths - self._window)
+            in_window = visible & (keys >= lengths - self._window)  # padding keeps key 0
             self.window_mask_in.copy_(torch.where(in_window, 0.0, float("-inf")))
         offset = first_slot * self._slot_bytes
         for view, base in zip(self._attention_views, self.cache_pointers, strict=True):
@@ -382,9 +419,10 @@ class GgmlLayerSteps:
             (base, self.params[table], float(scale)) for (base, table), (_, scale) in zip(factors, ropes, strict=True)
         ]
         self._boundaries: dict[int, _BoundaryGraphs] = {}
-        self._decoders: dict[tuple[int, int], _DecodeGraph] = {}
+        self._decoders: dict[tuple[int, int, int, int], _DecodeGraph] = {}
         self._decoders_cache: tuple[int, ...] = ()
         self.decoder_steps = 0  # steps each form served (for tests and profiling)
+        self.multi_query_steps = 0  # decoder steps with a row of several tokens
         self.boundary_steps = 0
 
     def takes(self, tokens: int) -> bool:
@@ -400,13 +438,17 @@ class GgmlLayerSteps:
         if cache is not None and cache.keys[0].dtype != torch.float32:
             cache = None
         first_slot = cache.decode_slots() if cache is not None else None
-        if cache is not None and first_slot is not None and len(last) == tokens:
+        if cache is not None and first_slot is not None:
             # Keys in buckets of powers of two: few graphs, and flash attention skips the masked keys.
             longest = int(positions.max()) + 1
             keys = min(cache.max_len, max(_MIN_KEY_BUCKET, 1 << (longest - 1).bit_length()))
-            decoder = self._decoder(cache, tokens, keys)
+            rows = len(last)
+            queries = 1 if rows == tokens else int(torch.diff(last, prepend=torch.tensor([-1])).max())
+            decoder = self._decoder(cache, tokens, rows, queries, keys)
             self.decoder_steps += 1
-            return decoder.run(x, positions, first_slot, threads)
+            self.multi_query_steps += queries > 1
+            out = decoder.run(x, positions, last, first_slot, threads)
+            return out if rows == tokens else out.index_select(0, last)
         graphs = self._boundaries.get(tokens)
         if graphs is None:
             graphs = self._boundaries[tokens] = _BoundaryGraphs(self, tokens)
@@ -416,16 +458,21 @@ class GgmlLayerSteps:
             out.index_select(0, last), (self.shape.hidden_size,), self.final_norm, self.shape.rms_eps
         )
 
-    def _decoder(self, cache: DecodeCache, rows: int, keys: int) -> _DecodeGraph:
-        """The one-graph decoder for this cache (graphs point at its buffers: another cache drops them)."""
+    def _decoder(self, cache: DecodeCache, tokens: int, rows: int, queries: int, keys: int) -> _DecodeGraph:
+        """The one-graph decoder for this cache and step shape (graphs point at the cache's buffers: another cache
+        drops them). The most recently used DECODERS_KEPT are kept: a batch's shapes recur step after step."""
         pointers = tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
         if pointers != self._decoders_cache:
             for graph in self._decoders.values():
                 graph.free()
             self._decoders, self._decoders_cache = {}, pointers
-        decoder = self._decoders.get((rows, keys))
+        shape = (tokens, rows, queries, keys)
+        decoder = self._decoders.pop(shape, None)
         if decoder is None:
-            decoder = self._decoders[(rows, keys)] = _DecodeGraph(self, cache, rows, keys)
+            decoder = _DecodeGraph(self, cache, tokens, rows, queries, keys)
+            if len(self._decoders) >= DECODERS_KEPT:
+                self._decoders.pop(next(iter(self._decoders))).free()  # the least recently used
+        self._decoders[shape] = decoder  # re-inserted: the dict's order is the order of use
         return decoder
 
     def __del__(self) -> None:

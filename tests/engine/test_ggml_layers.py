@@ -1,9 +1,10 @@
 """Steps of few tokens through ggml graphs (server/models/ggml_layers.py) give the logits of the same fp16
 model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the family
 has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows, Gemma's
-sandwich norms, GELU gate and two RoPE tables. Plain decode steps (one token per row, consecutive slots) run
-the one-graph decoder with ggml's attention over the KV cache; a row fed several tokens, or rows in scattered
-slots, run the per-layer graphs with torch's attention; rows grow past a sliding window and a key bucket.
+sandwich norms, GELU gate and two RoPE tables. Decode steps whose rows lie in consecutive slots run the
+one-graph decoder with ggml's attention over the KV cache, one token a row or several (a sampled token and the
+grammar's forced ones, a short prompt); rows in scattered slots run the per-layer graphs with torch's
+attention; rows grow past a sliding window and a key bucket.
 """
 
 from __future__ import annotations
@@ -99,16 +100,16 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
     model = _fp16_model(CONFIGS[name](), tmp_path)
     pair = _Pair(model)
     generator = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (9, 5, 13, 3)]
-    # Prefill: rows of more than LAYER_MAX_ROWS tokens take the torch path in both runners; a 3-token row
-    # and a 3-token chunk take the graphs.
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (9, 5, LAYER_MAX_ROWS + 3, 3)]
+    # Prefill: a row of more than LAYER_MAX_ROWS tokens takes the torch path in both runners; rows of 9, 5 and 3
+    # tokens take the one-graph decoder (causal within the row).
     lengths = [0] * 4
     for slot in range(3):
         pair.forward([ForwardRow(slot=slot, start=0, tokens=prompts[slot])])
         lengths[slot] = len(prompts[slot])
     pair.forward([ForwardRow(slot=3, start=0, tokens=prompts[3])])
     lengths[3] = 3
-    picks = torch.randint(0, VOCAB, (96, 4), generator=generator).tolist()
+    picks = torch.randint(0, VOCAB, (96, 10), generator=generator).tolist()
     for step, tokens in enumerate(picks):
         active = [slot for slot in range(4) if slot <= step % 4]  # 1, 2, 3 and 4 rows in turn
         if step in (10, 30):  # one row fed a chunk of 3 tokens (forced tokens), beside another row's single token
@@ -116,6 +117,11 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
                 ForwardRow(slot=0, start=lengths[0], tokens=tokens[:3]),
                 ForwardRow(slot=1, start=lengths[1], tokens=[tokens[3]]),
             ]
+        elif step % 11 == 3:  # every row a different number of tokens: query blocks of 4, padded
+            at = [0, 1, 5, 7, 10]
+            rows = [ForwardRow(slot=s, start=lengths[s], tokens=tokens[at[s] : at[s + 1]]) for s in range(4)]
+        elif step % 11 == 8:  # several tokens a row in slots that do not start at slot 0
+            rows = [ForwardRow(slot=2, start=lengths[2], tokens=tokens[:2]), ForwardRow(3, lengths[3], tokens[2:5])]
         elif step % 7 == 5:  # rows in slots that are not consecutive: the per-layer graphs
             rows = [ForwardRow(slot=slot, start=lengths[slot], tokens=[tokens[slot]]) for slot in (1, 3)]
         elif step % 7 == 6:  # two consecutive slots that do not start at slot 0
@@ -127,7 +133,9 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
         for row in rows:
             lengths[row.slot] += len(row.tokens)
     assert max(lengths) > 64  # past the sliding windows (20, 24) and the first key bucket (64)
-    assert pair.steps.decoder_steps > 40 and pair.steps.boundary_steps > 10  # both forms served steps
+    steps = pair.steps
+    assert steps.decoder_steps > 40 and steps.boundary_steps > 10  # both forms served steps
+    assert steps.multi_query_steps >= 20  # 3 prompts, the forced chunks and the uneven rows
     assert pair.worst > 0.0  # the graphs did run (ggml's roundings differ from torch's order somewhere)
 
 

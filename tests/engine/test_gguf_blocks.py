@@ -164,12 +164,14 @@ def test_steps_of_few_tokens_multiply_the_blocks(written: tuple[Path, Path, Any,
     worst, agree, picks = 0.0, 0, 0
     for slot in range(2):
         long_step = [r.forward([ForwardRow(slot=slot, start=0, tokens=prompt)]) for r in runners]
-        torch.testing.assert_close(long_step[0], long_step[1], rtol=0, atol=1e-5)  # > 4 tokens: fp16 on both
+        torch.testing.assert_close(long_step[0], long_step[1], rtol=0, atol=1e-5)  # > 16 tokens: fp16 on both
     lengths = [20, 20]
     for step in range(30):
         tokens = torch.randint(0, VOCAB, (3,), generator=generator).tolist()
-        if step % 5 == 4:  # a row fed 3 tokens: the per-layer graphs
+        if step % 5 == 4:  # a row fed 3 tokens: the one-graph decoder's query blocks
             rows = [ForwardRow(slot=0, start=lengths[0], tokens=tokens)]
+        elif step % 5 == 2:  # rows out of slot order: the per-layer graphs
+            rows = [ForwardRow(slot=s, start=lengths[s], tokens=[tokens[s]]) for s in (1, 0)]
         else:  # one or two single-token rows: the one-graph decoder
             rows = [ForwardRow(slot=s, start=lengths[s], tokens=[tokens[s]]) for s in range(1 + step % 2)]
         assert sum(len(r.tokens) for r in rows) <= LAYER_MAX_ROWS
@@ -185,7 +187,8 @@ def test_steps_of_few_tokens_multiply_the_blocks(written: tuple[Path, Path, Any,
     # ~85 % of rows. A block of the wrong weight, type or layout (gate and up swapped, q/k/v out of order)
     # moves logits by their own size.
     assert 0.0 < worst < 0.15 and agree >= 0.7 * picks
-    assert gguf.layer_steps is not None and gguf.layer_steps.decoder_steps > 0 and gguf.layer_steps.boundary_steps > 0
+    steps = gguf.layer_steps
+    assert steps is not None and steps.decoder_steps > steps.multi_query_steps > 0 and steps.boundary_steps > 0
 
 
 def test_gguf_needs_a_model_that_came_from_a_gguf() -> None:
