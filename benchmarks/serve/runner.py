@@ -232,10 +232,11 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     # The peer is checked (and its model name found) first: an unreachable peer fails before corral starts.
     peer_model = (resolve_peer_model(config.peer_url, config.peer_model, config.peer_api_key)
                   if config.peer_url else None)
-    read_bytes_per_s = read_bandwidth()  # before any server runs here: nothing else reads memory
+    readings = [read_bandwidth()]  # before any server runs here: nothing else reads memory
     with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
         driven = asyncio.run(drive(config, base_url, progress, peer_model))
         served = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]
+    readings.append(read_bandwidth())  # and after (the server stopped, when the benchmark started it)
     selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
     if config.baseline:
@@ -258,7 +259,7 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
         "baseline": baseline,
         "peer": _peer_section(config, driven),
         "ratios": ratios,
-        "bandwidth": bandwidth_section(read_bytes_per_s, served, runs),
+        "bandwidth": bandwidth_section(readings, served, runs),
         "wall_s": time.perf_counter() - started,
         "machine": machine_notes(),
         "requests": [asdict(r) for r in driven.requests],

@@ -309,11 +309,13 @@ def test_bandwidth_section_puts_concurrency_1_tpot_over_the_floor() -> None:
     runs = [{"mode": "constrained", "concurrency": 1, "tpot_ms_p50": 30.0},
             {"mode": "unconstrained", "concurrency": 1, "tpot_ms_p50": 50.0},
             {"mode": "unconstrained", "concurrency": 8, "tpot_ms_p50": 90.0}]
-    section = bandwidth_section(10e9, {"weight_bytes": 200_000_000, "dtype": "float32"}, runs)
+    # Two reads: the floor takes the higher (another process reading memory only ever lowers one).
+    section = bandwidth_section([6e9, 10e9], {"weight_bytes": 200_000_000, "dtype": "float32"}, runs)
     assert section["limit_ms_per_token"] == 20.0  # 0.2 GB at 10 GB/s
+    assert section["read_gb_s"] == 10.0 and section["read_gb_s_readings"] == [6.0, 10.0]
     assert section["tpot_over_limit"] == {"constrained": 1.5, "unconstrained": 2.5}
     assert "TPOT floor 20.00 ms" in bandwidth_line(section)
-    unknown = bandwidth_section(10e9, {"weight_bytes": None}, runs)
+    unknown = bandwidth_section([10e9], {"weight_bytes": None}, runs)
     assert unknown["limit_ms_per_token"] is None and unknown["tpot_over_limit"] == {}
     assert "no weight bytes" in bandwidth_line(unknown)
 
