@@ -147,7 +147,9 @@ def test_gemma_serves_its_own_gguf_blocks() -> None:
         written.append(int(logits[0].argmax()))
         logits = runner.forward([ForwardRow(0, len(tokens) + len(written) - 1, written[-1:])])
     assert loaded.tokenizer.decode(written).startswith(" Berlin")
-    assert loaded.model.layer_steps is not None and loaded.model.layer_steps.decoder_steps == 4
+    steps = loaded.model.layer_steps
+    # The four one-token steps ran as one ggml graph each, and so did the prompt (a block of queries).
+    assert steps is not None and steps.decoder_steps == 5 and steps.multi_query_steps == 1
 
 
 # -- a GGUF file of the Llama family, written here from corral-tiny ---------------------------------------------
@@ -280,7 +282,9 @@ def test_a_llama_gguf_serves_its_own_blocks_with_q_and_k_rows_put_back(
         logits = [r.forward([ForwardRow(0, len(prompt) + step, [token])]) for r in runners]
         scale = float(logits[1].abs().max())
         assert float((logits[0] - logits[1]).abs().max()) <= 1e-2 * scale  # a row out of order: off by ~scale
-    assert blocks.model.layer_steps is not None and blocks.model.layer_steps.decoder_steps == 6
+    steps = blocks.model.layer_steps
+    # The six one-token steps ran as one ggml graph each, and so did the prompt (a block of queries).
+    assert steps is not None and steps.decoder_steps == 7 and steps.multi_query_steps == 1
 
 
 def test_auto_keeps_the_own_decoder_off_devices_where_it_is_not_the_best(caplog: pytest.LogCaptureFixture) -> None:
