@@ -354,14 +354,13 @@ class _DecodeGraph:
         self._window = next((p.window for p in layers if p.window is not None), None)
 
     def run(
-        self, x: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, first_slot: int, threads: int
+        self, x: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor, first_slot: int, threads: int
     ) -> torch.Tensor:
-        """x [tokens, hidden] packed in row order; `last`: each row's last token in the pack."""
+        """x [tokens, hidden] packed in row order; `counts`: each row's tokens."""
         c = self.context
         c.positions_in.copy_(positions)
         self.x_in.copy_(x)
-        counts = torch.diff(last, prepend=torch.tensor([-1]))
-        starts = last + 1 - counts
+        starts = torch.cumsum(counts, 0) - counts
         row_of = torch.repeat_interleave(torch.arange(self.rows), counts)
         self.write_in.copy_((first_slot + row_of) * self._max_len + positions)
         # Each block's query j of row r: the row's token j, or its last one for padding.
@@ -443,11 +442,12 @@ class GgmlLayerSteps:
             longest = int(positions.max()) + 1
             keys = min(cache.max_len, max(_MIN_KEY_BUCKET, 1 << (longest - 1).bit_length()))
             rows = len(last)
-            queries = 1 if rows == tokens else int(torch.diff(last, prepend=torch.tensor([-1])).max())
+            counts = torch.diff(last, prepend=torch.tensor([-1]))  # each row's tokens
+            queries = 1 if rows == tokens else int(counts.max())
             decoder = self._decoder(cache, tokens, rows, queries, keys)
             self.decoder_steps += 1
             self.multi_query_steps += queries > 1
-            out = decoder.run(x, positions, last, first_slot, threads)
+            out = decoder.run(x, positions, counts, first_slot, threads)
             return out if rows == tokens else out.index_select(0, last)
         graphs = self._boundaries.get(tokens)
         if graphs is None:
