@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "default_max_tokens",
         "prefix_cache",
         "jump_forward",
+        "lazy_masks",
         "max_revisions",
         "close_answers",
         "json_leading_whitespace",
@@ -125,6 +126,11 @@ class Settings(BaseSettings):
         600.0, gt=0, description="a cached compile timeout expires after this many seconds"
     )
     jump_forward: bool = Field(True, description="append grammar-forced tokens without sampling")
+    lazy_masks: bool = Field(
+        True,
+        description="greedy rows in wide grammar states whose masks cost much skip the fill: the pick is checked "
+        "against the grammar after and re-picked under the mask only if refused (the same tokens, fewer fills)",
+    )
     max_revisions: int = Field(4, ge=0, description="revisions (revision token + dead-end backtracking) per request")
     close_answers: bool = Field(
         True,

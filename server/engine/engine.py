@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -29,7 +29,7 @@ from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import SeqOutput, Sequence
 from server.engine.structured_output import MaskFill, SettledMasks, StructuredOutput
-from server.engine.thread_tuner import ThreadTuner, TorchThreads, forward_key
+from server.engine.thread_tuner import ThreadTuner, TorchThreads, choose_threads, record_threads
 from server.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,9 @@ class EngineConfig:
     # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py), or the
     # one count every forward runs with; set on the engine thread itself. Empty: leave torch's setting alone.
     thread_choices: tuple[int, ...] = ()
+    # Greedy rows in wide, costly grammar states skip their mask and are checked after the pick
+    # (server/engine/lazy_masks.py).
+    lazy_masks: bool = True
 
 
 class Engine:
@@ -66,7 +69,9 @@ class Engine:
         self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
         stop_ids = torch.tensor(sorted(self.stop_ids), device=loaded.device)
-        self.structured = StructuredOutput(config.max_batch, loaded.vocab_size, self.revise_id, stop_ids)
+        self.structured = StructuredOutput(
+            config.max_batch, loaded.vocab_size, self.revise_id, stop_ids, lazy_masks=config.lazy_masks
+        )
         self.output = OutputStage(loaded.tokenizer)
         spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
         self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
@@ -121,14 +126,13 @@ class Engine:
             return settled.restricted
 
         rows_in = [ForwardRow(s.slot, s.num_cached, s.pending) for s in batch]
-        chosen = self._choose_threads(masks is not None, rows_in)
+        masked = masks is not None
+        chosen = choose_threads(self.threads, self._torch_threads, masked, sum(len(r.tokens) for r in rows_in))
         t0 = time.perf_counter()
-        logits = self.runner.forward(rows_in, restrict if masks is not None else None)
+        logits = self.runner.forward(rows_in, restrict if masked else None)
         elapsed = time.perf_counter() - t0
         forward_ms = (elapsed - waited) * 1000
-        if chosen is not None and self.threads is not None:
-            # Waiting on the masks counts: a second torch thread may slow their fill.
-            self.threads.record(*chosen, elapsed * 1000)
+        record_threads(self.threads, chosen, elapsed * 1000)
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
@@ -136,33 +140,26 @@ class Engine:
             settled = self.structured.settle(batch, masks, restrictable=False)
         return logits, settled
 
-    def _choose_threads(self, masked: bool, rows: list[ForwardRow]) -> tuple[Hashable, int] | None:
-        """Set torch's threads for this forward, on the engine thread (server/torch_threads.py), from the tuner
-        (none: leave them); the key and count chosen."""
-        if self.threads is None:
-            return None
-        key = forward_key(masked, sum(len(r.tokens) for r in rows))
-        threads = self.threads.choose(key)
-        self._torch_threads.use(threads)
-        return key, threads
-
     def _judge(self, batch: list[Sequence], logits: torch.Tensor, settled: SettledMasks) -> list[int]:
         """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""
         for row, message in settled.failed.items():
             batch[row].error = message
             self._finish(batch[row], "error")
-        for row in sorted(settled.overran):
-            self._trip(batch[row], Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
-        for row in sorted(settled.dead_ends):
-            self._revise(batch[row], Trip.DEAD_END)
+        for row in sorted(settled.overran | settled.dead_ends):
+            self._judge_row(batch[row], overran=row in settled.overran)
         live, stuck = self.structured.apply(logits, batch, settled)
         for row in stuck:
             self._revise(batch[row], Trip.DEAD_END)
-        # A restricted row's logits are already exact; the others' best few (and the alternatives they report)
-        # are made so before the pick.
+        # Restricted rows' logits are exact; the others' best few (and alternatives they report) are made so now.
         rounded = [row for row in live if row not in settled.restricted]
         self.runner.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
         return live
+
+    def _judge_row(self, seq: Sequence, *, overran: bool) -> None:
+        """A row whose fills overran their budget too often ends; one whose grammar allows nothing backs off."""
+        if overran:
+            return self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
+        self._revise(seq, Trip.DEAD_END)
 
     def _sample(self, batch: list[Sequence], live: list[int], logits: torch.Tensor, settled: SettledMasks) -> None:
         rows = [batch[i] for i in live]
@@ -172,7 +169,13 @@ class Engine:
         # Rows whose head computed only their allowed ids: a greedy pick needs to look at those only.
         known = {i: settled.restricted[row] for i, row in enumerate(live) if row in settled.restricted}
         sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories, known)
-        for seq, token, logprob in zip(rows, sampled.tokens, sampled.logprobs, strict=True):
+        for i, (seq, token, logprob) in enumerate(zip(rows, sampled.tokens, sampled.logprobs, strict=True)):
+            if live[i] in self.structured.unmasked:  # picked without its mask: the grammar checks the pick now
+                checked = self.structured.recheck(seq, live[i], token, picked[i])
+                if checked.token is None or checked.overran:
+                    self._judge_row(seq, overran=checked.overran)
+                    continue
+                token = checked.token
             if token == self.revise_id:
                 self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
             else:

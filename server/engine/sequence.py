@@ -13,6 +13,7 @@ from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector
 from server.engine.answer_closing import AnswerCloser
+from server.engine.lazy_masks import LazyMaskState
 from server.engine.logprobs import TokenLogprob
 from server.engine.sampling import SamplingParams
 
@@ -83,6 +84,7 @@ class Sequence:
     revision: RevisionTracker = field(default_factory=lambda: RevisionTracker(0))
     stall: StallDetector | None = None
     mask_budget: MaskBudget | None = None
+    lazy_mask: LazyMaskState = field(default_factory=LazyMaskState)  # whether its step may skip the mask fill
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
     closable: bool = False  # a structured answer the engine may close early (server/engine/answer_closing.py)
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)

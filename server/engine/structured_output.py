@@ -15,10 +15,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from samplers.bitmask import apply_bitmask, sparse_limit, unpack_rows
+from samplers.bitmask import allowed_counts, apply_bitmask, sparse_limit, unpack_rows
 from samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
 from samplers.revision import ChoiceProbe
 from samplers.watchdog import FEW_ALLOWED
+from server.engine.lazy_masks import LazyMasks
 from server.engine.sequence import Sequence
 from server.torch_threads import helper_pool
 
@@ -49,23 +50,51 @@ _NO_TOKENS = torch.zeros(0, dtype=torch.int64)
 _Group = tuple[SamplerBackend, list[Matcher], list[int]]
 
 
+class Recheck(NamedTuple):
+    """An unmasked pick after its check: the token to take (None: the grammar allows nothing, a dead end), and
+    whether the fill a refused pick needed overran the row's budget too often."""
+
+    token: int | None
+    overran: bool = False
+
+
 class StructuredOutput:
     """Owns the step's bitmask and the thread that fills it. Engine thread only, except `_fill`."""
 
-    def __init__(self, max_batch: int, vocab_size: int, revise_id: int | None, stop_ids: torch.Tensor) -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        vocab_size: int,
+        revise_id: int | None,
+        stop_ids: torch.Tensor,
+        *,
+        lazy_masks: bool = True,
+    ) -> None:
+        """lazy_masks: greedy rows in wide, costly grammar states skip their fill (server/engine/lazy_masks.py)."""
         self.vocab = vocab_size
         self.revise_id = revise_id
         self.bitmask = allocate_bitmask(max_batch, vocab_size)
         self._probe = allocate_bitmask(1, vocab_size)  # revisions ask the grammar on this row
         self._ban_stop = stop_ids
+        self._stops = frozenset(int(t) for t in stop_ids.tolist())
+        self.lazy = LazyMasks(sparse_limit(vocab_size), enabled=lazy_masks)
+        self.unmasked: list[int] = []  # the step's rows that skipped their fill: checked after the pick
         # Masks are filled on this worker while the forward runs on the engine thread; both the
         # engines' fill calls and torch's kernels release the GIL, so the two really overlap.
         self._pool = helper_pool(1, "corral-mask")
 
     def start(self, batch: list[Sequence]) -> Future[MaskFill] | None:
+        """Start filling the step's masks, but for the rows that skip theirs (`unmasked`)."""
         groups: dict[int, _Group] = {}
+        skips = self.lazy.skips
+        self.unmasked = [
+            row
+            for row, seq in enumerate(batch)
+            if skips(seq.lazy_mask, seq.params, constrained=seq.matcher is not None, produced=len(seq.output_ids))
+        ]
+        skipped = set(self.unmasked)
         for row, seq in enumerate(batch):
-            if seq.matcher is not None and seq.backend is not None:
+            if seq.matcher is not None and seq.backend is not None and row not in skipped:
                 entry = groups.setdefault(id(seq.backend), (seq.backend, [], []))
                 entry[1].append(seq.matcher)
                 entry[2].append(row)
@@ -117,6 +146,7 @@ class StructuredOutput:
         for row in rows:
             seq = batch[row]
             seq.stats.mask_us.append(per_row[row])
+            self.lazy.filled(seq.lazy_mask, counts[row], per_row[row])
             assert seq.mask_budget is not None
             if seq.mask_budget.record(per_row[row]):
                 overran.add(row)
@@ -168,6 +198,35 @@ class StructuredOutput:
         # A ban can remove the last allowed token: that is a dead end too.
         stuck = [i for i in live if batch[i].revision.bans and bool(torch.isinf(logits[i]).all())]
         return [i for i in live if i not in stuck], stuck
+
+    def recheck(self, seq: Sequence, row: int, token: int, logits: torch.Tensor) -> Recheck:
+        """The token a greedy row that skipped its fill takes: `token`, its unmasked pick, if the grammar allows
+        it; else the best allowed one of `logits` (its row [V], as the pick saw it: masked here in place)."""
+        matcher = seq.matcher
+        assert matcher is not None
+        revisable = self.revise_id is not None and seq.revision.can_revise()
+        if token == self.revise_id:
+            allowed = revisable  # a masked row allows it whenever the row may revise
+        else:  # whether the answer may end is the mask's call (and the contract guard's), never the check's
+            allowed = token not in self._stops and matcher.validate_tokens([token]) == 1
+        self.lazy.checked(seq.lazy_mask, allowed, len(seq.output_ids))
+        if allowed:
+            return Recheck(token)
+        t0 = time.perf_counter()
+        matcher.fill_bitmask(self.bitmask, row)
+        fill_us = (time.perf_counter() - t0) * 1e6
+        seq.stats.mask_us.append(fill_us)
+        assert seq.mask_budget is not None
+        overran = seq.mask_budget.record(fill_us)
+        count = allowed_counts(self.bitmask, [row])[0]
+        self.lazy.filled(seq.lazy_mask, count, fill_us)
+        if count == 0:
+            return Recheck(None, overran)
+        if revisable and self.revise_id is not None:
+            set_bit(self.bitmask, row, self.revise_id)
+        line = logits.view(1, -1)
+        apply_bitmask(line, self.bitmask[row : row + 1])
+        return Recheck(int(torch.argmax(line[0])), overran)
 
     def choice_probe(self, seq: Sequence) -> ChoiceProbe | None:
         """Whether the grammar, where `seq`'s matcher now stands, allows a token outside `taken` (the

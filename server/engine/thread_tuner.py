@@ -103,6 +103,26 @@ def forward_key(masked: bool, tokens: int) -> tuple[bool, int]:
     return masked, max(1, tokens).bit_length()
 
 
+def choose_threads(
+    tuner: ThreadTuner | None, torch_threads: TorchThreads, masked: bool, tokens: int
+) -> tuple[Hashable, int] | None:
+    """Set torch's threads for a forward from the tuner, on the calling thread (the engine's;
+    server/torch_threads.py); the key and count chosen. No tuner: torch's setting is left alone."""
+    if tuner is None:
+        return None
+    key = forward_key(masked, tokens)
+    threads = tuner.choose(key)
+    torch_threads.use(threads)
+    return key, threads
+
+
+def record_threads(tuner: ThreadTuner | None, chosen: tuple[Hashable, int] | None, ms: float) -> None:
+    """Record how long a forward took on the threads `choose_threads` chose for it. Its wait for the step's
+    masks counts: a second torch thread may slow their fill."""
+    if tuner is not None and chosen is not None:
+        tuner.record(*chosen, ms)
+
+
 class TorchThreads:
     """Sets torch's intra-op threads on the calling thread (the engine's) only when the count changes."""
 

@@ -27,6 +27,10 @@ def response_extras(done: Finished) -> dict[str, Any]:
         "forward_ms_mean": round(sum(stats.forward_ms) / len(stats.forward_ms), 3) if stats.forward_ms else None,
         "forward_steps": len(stats.forward_ms),
         "forced_tokens": stats.forced_tokens,
+        # Greedy picks checked against the grammar instead of masked (server/engine/lazy_masks.py), and the
+        # fills a refused one needed.
+        "masks_skipped": seq.lazy_mask.skipped,
+        "masks_refilled": seq.lazy_mask.refilled,
         "total_ms": _ms(stats.arrival, end),
     }
     grammar: dict[str, Any] | None = None
