@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from server.models.decode_layout import DecodeLayout
+
 
 @dataclass(frozen=True)
 class _MultiRow:
@@ -64,8 +66,6 @@ class StepPlan:
     # Every row feeds one token and the rows are consecutive slots in pack order: the pack itself is the query
     # block (no zero-filled block, scatter or gather; 4 ms of Gemma 3's ~90 ms step at one row).
     direct: bool = False
-    # Every row is short and the rows are consecutive slots in pack order (`direct` with any tokens per row).
-    slot_run: bool = False
 
 
 class InPlaceKVCache:
@@ -133,7 +133,7 @@ class InPlaceKVCache:
             multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask, window_mask))
         decode_tokens = decode_slots = decode_query = decode_mask = decode_window_mask = None
         slot_lo = slot_count = span = queries = 0
-        direct = slot_run = False
+        direct = False
         short = count_arr <= SHORT_ROW_MAX
         if short.any():
             short_slots = slot_arr[short]
@@ -160,8 +160,7 @@ class InPlaceKVCache:
             decode_tokens = self._tensor(tokens)
             decode_slots = self._tensor(token_slots)
             decode_query = self._tensor(token_query)
-            slot_run = not multi and np.array_equal(slot_arr - slot_lo, np.arange(len(slot_arr)))
-            direct = slot_run and queries == 1
+            direct = not multi and queries == 1 and np.array_equal(slot_arr - slot_lo, np.arange(len(slot_arr)))
             if direct and slot_count == 1:
                 # One row sees all its keys: no mask at all (windowed layers too while it fits the window).
                 decode_mask = None
@@ -179,17 +178,19 @@ class InPlaceKVCache:
             decode_window_mask,
             tuple(multi),
             direct,
-            slot_run,
         )
         return self._plan
 
-    def decode_slots(self) -> int | None:
-        """The first slot of the bound step when its rows lie in consecutive slots in pack order, each feeding
-        at most SHORT_ROW_MAX tokens (`StepPlan.slot_run`: a decode step, forced tokens included), else None.
-        ggml's one-graph decoder (server/models/ggml_layers.py) attends such a step over this cache's buffers
-        itself."""
+    def decode_layout(self) -> DecodeLayout | None:
+        """The bound step's layout when every row feeds at most SHORT_ROW_MAX tokens (a decode step, forced
+        tokens and short prompts included; rows in any slots), else None. ggml's one-graph decoder
+        (server/models/ggml_layers.py) attends such a step over this cache's buffers itself."""
         plan = self._plan
-        return plan.slot_lo if plan is not None and plan.slot_run else None
+        if plan is None or plan.multi or plan.decode_slots is None or plan.decode_query is None:
+            return None
+        return DecodeLayout(
+            plan.slot_lo, plan.slot_count, plan.queries, plan.decode_slots, plan.decode_query, plan.direct
+        )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)

@@ -6,16 +6,16 @@ casts), each a few microseconds of dispatch for a few hundred numbers (profiled:
 2.5 ms), and ~90 us per layer of attention, most of it Python around a 9 us kernel. ggml runs the same
 arithmetic as nodes of a graph, a node for a few hundred numbers costing about a microsecond. Two forms:
 
-- **One graph for the whole decoder** when the rows of the step sit in consecutive slots in pack order
-  (`DecodeCache.decode_slots`), each feeding one token or a few (a sampled token and the grammar's forced ones
-  after it, a short prompt). Attention is ggml's too: this step's keys and values are written into the
-  torch-owned KV cache (`set_rows`, by flat index) and `flash_attn_ext` reads each row's slot in place, each
-  query masked to its own position (and a sliding layer's window). The graph is built per step shape (tokens,
-  rows, tokens per row, and a key bucket: a power of two >= the longest row): only the views' data pointers
-  move, per step, to the step's first slot.
-- **One graph per layer boundary** for other steps of up to `max_tokens` tokens (rows in scattered slots):
-  attention stays in torch between the graphs, each running from one layer's attention output to the next
-  one's queries, keys and values.
+- **One graph for the whole decoder** when every row of the step feeds one token or a few (a sampled token and
+  the grammar's forced ones after it, a short prompt), in whatever slots (`DecodeCache.decode_layout`).
+  Attention is ggml's too: this step's keys and values are written into the torch-owned KV cache (`set_rows`,
+  by flat index) and `flash_attn_ext` reads the step's range of slots in place, each query masked to its own
+  position (and a sliding layer's window). The graph is built per step shape (tokens, the slot range's width,
+  tokens per row, a key bucket: a power of two >= the longest row, and whether queries are gathered into the
+  slots' blocks): only the views' data pointers move, per step, to the range's first slot.
+- **One graph per layer boundary** for steps over a cache the decoder graph cannot read (not float32, or
+  another layout): attention stays in torch between the graphs, each running from one layer's attention
+  output to the next one's queries, keys and values.
 
 The products multiply the same fp16 weights the row kernels hold (no second copy). Arithmetic matches the
 torch path up to ggml's roundings: a product's input is rounded to fp16 (as in row_kernel.py), and ggml's GELU
@@ -32,33 +32,20 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from server.models.decode_layout import DecodeCache, DecodeLayout
 from server.models.row_kernel import GraphPlan, RowKernel, ggml_modules
 
 _ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
 _LAYER_NODES = 48  # a layer of the one-graph decoder: ~35
 _MIN_KEY_BUCKET = 64
-# One-graph decoders kept, one per step shape (tokens, rows, tokens per row, key bucket), each ~1-3 MB and
-# ~3-7 ms to build for Gemma 3: enough for a batch's shapes as rows join, leave and carry forced tokens.
+# One-graph decoders kept, one per step shape (tokens, slots, tokens per row, key bucket, gathered), each
+# ~1-3 MB and ~3-7 ms to build for Gemma 3: enough for a batch's shapes as rows join, leave and carry forced tokens.
 DECODERS_KEPT = 64
 
 
 class Attend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
-
-
-class DecodeCache(Protocol):
-    """A KV cache whose layout the one-graph decoder reads and writes in place: per layer, float32 keys and
-    values [slots, max_len, kv_heads, head_dim]; flat index slot * max_len + position."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    max_len: int
-
-    def decode_slots(self) -> int | None:
-        """The first slot of the bound step when it is a plain decode step (one token per row, the rows in
-        consecutive slots in pack order), else None."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -267,17 +254,19 @@ class _BoundaryGraphs:
 
 
 class _DecodeGraph:
-    """The whole decoder as one graph for `rows` rows in consecutive slots, `tokens` tokens in all (each row at
-    most `queries` of them, packed in row order), attending over up to `keys` positions of each slot; ends with
-    the final norm: [tokens, hidden].
+    """The whole decoder as one graph for `tokens` tokens in a range of `rows` slots (each row at most `queries`
+    tokens), attending over up to `keys` positions of each slot; ends with the final norm: [tokens, hidden].
 
-    ggml's attention takes a block of `queries` queries per row: with one token a row the rotated queries are that
-    block as they lie; with several (a sampled token and the grammar's forced ones after it) each row's queries
-    are gathered into a block padded with copies of its last one (masked to key 0, their outputs never read),
-    and the outputs gathered back into the packed order. The products and norms see only the real tokens."""
+    ggml's attention takes a block of `queries` queries per slot of the range: where the pack is that layout
+    (`gathered` false: one token a row, the rows in consecutive slots in pack order) the rotated queries are the
+    block as they lie; else each token's query is gathered into its slot's block (rows in any order, free slots
+    between them, several tokens a row: a sampled token and the grammar's forced ones after it), the rest of
+    the block padding (masked to key 0, its outputs never read), and the outputs gathered back into the packed
+    order. The products and norms see only the real tokens."""
 
     def __init__(
-        self, steps: GgmlLayerSteps, cache: DecodeCache, tokens: int, rows: int, queries: int, keys: int
+        self, steps: GgmlLayerSteps, cache: DecodeCache, tokens: int, rows: int, queries: int, keys: int,
+        gathered: bool,
     ) -> None:
         ggml, _ = ggml_modules()
         layers = steps.layers
@@ -285,11 +274,11 @@ class _DecodeGraph:
         s = steps.shape
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         padded = rows * queries
-        per_layer = _activation_bytes(steps, tokens) + (3 * q_size * padded * 4 if queries > 1 else 0)
+        per_layer = _activation_bytes(steps, tokens) + (3 * q_size * padded * 4 if gathered else 0)
         size = (per_layer + 4 * ggml.ggml_tensor_overhead()) * len(layers) + 2 * keys * padded * 2
         size += 4 * padded * 4 + ggml.ggml_graph_overhead_custom(nodes, False)
         self.context = c = _Context(steps, tokens, 2 * size + (1 << 16))
-        self.tokens, self.rows, self.queries, self.keys = tokens, rows, queries, keys
+        self.tokens, self.rows, self.queries, self.keys, self.gathered = tokens, rows, queries, keys, gathered
         slot_bytes = cache.max_len * kv_size * 4
         x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, tokens)
         self.x_in = c.view(x, tokens, s.hidden_size)
@@ -302,7 +291,7 @@ class _DecodeGraph:
         self.full_mask_in = c.view(full_mask, rows, queries, keys)
         self.window_mask_in = c.view(window_mask, rows, queries, keys)
         gather = scatter = None
-        if queries > 1:  # each query block's token in the pack, and each token's place in the blocks
+        if gathered:  # each query block's token in the pack, and each token's place in the blocks
             gather, scatter = c.new(ggml.GGML_TYPE_I32, padded), c.new(ggml.GGML_TYPE_I32, tokens)
             self.gather_in, self.scatter_in = c.view(gather, padded), c.view(scatter, tokens)
         # The cache's buffers, as ggml tensors over torch's memory [kv_size, slots * max_len].
@@ -353,32 +342,29 @@ class _DecodeGraph:
         self._slot_bytes, self._max_len = slot_bytes, cache.max_len
         self._window = next((p.window for p in layers if p.window is not None), None)
 
-    def run(
-        self, x: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor, first_slot: int, threads: int
-    ) -> torch.Tensor:
-        """x [tokens, hidden] packed in row order; `counts`: each row's tokens."""
+    def run(self, x: torch.Tensor, positions: torch.Tensor, layout: DecodeLayout, threads: int) -> torch.Tensor:
+        """x [tokens, hidden] packed in row order, laid out in the slots as `layout` says."""
         c = self.context
         c.positions_in.copy_(positions)
         self.x_in.copy_(x)
-        starts = torch.cumsum(counts, 0) - counts
-        row_of = torch.repeat_interleave(torch.arange(self.rows), counts)
-        self.write_in.copy_((first_slot + row_of) * self._max_len + positions)
-        # Each block's query j of row r: the row's token j, or its last one for padding.
-        within = torch.arange(self.queries)[None, :]
-        real = within < counts[:, None]
-        picked = starts[:, None] + torch.minimum(within, counts[:, None] - 1)  # [rows, queries]
-        if self.queries > 1:
-            self.gather_in.copy_(picked.reshape(-1))
-            self.scatter_in.copy_(row_of * self.queries + torch.arange(self.tokens) - starts[row_of])
+        self.write_in.copy_((layout.first_slot + layout.token_slot) * self._max_len + positions)
+        cell = layout.token_slot * self.queries + layout.token_query  # each token's place in the blocks
         # Keys a query sees: its own position + 1; padding sees key 0 only (a finite softmax, output unread).
-        lengths = torch.where(real, positions[picked] + 1, 1)[:, :, None]
+        lengths = torch.ones(self.rows * self.queries, dtype=torch.long)
+        lengths[cell] = positions + 1
+        if self.gathered:  # a padding query is token 0's, masked
+            picked = torch.zeros(self.rows * self.queries, dtype=torch.int32)
+            picked[cell] = torch.arange(self.tokens, dtype=torch.int32)
+            self.gather_in.copy_(picked)
+            self.scatter_in.copy_(cell)
+        lengths = lengths.view(self.rows, self.queries, 1)
         keys = torch.arange(self.keys)[None, None, :]
         visible = keys < lengths
         self.full_mask_in.copy_(torch.where(visible, 0.0, float("-inf")))
         if self._window is not None:
             in_window = visible & (keys >= lengths - self._window)  # padding keeps key 0
             self.window_mask_in.copy_(torch.where(in_window, 0.0, float("-inf")))
-        offset = first_slot * self._slot_bytes
+        offset = layout.first_slot * self._slot_bytes
         for view, base in zip(self._attention_views, self.cache_pointers, strict=True):
             view.data = base + offset
         self._plan.compute(threads)
@@ -418,7 +404,7 @@ class GgmlLayerSteps:
             (base, self.params[table], float(scale)) for (base, table), (_, scale) in zip(factors, ropes, strict=True)
         ]
         self._boundaries: dict[int, _BoundaryGraphs] = {}
-        self._decoders: dict[tuple[int, int, int, int], _DecodeGraph] = {}
+        self._decoders: dict[tuple[int, int, int, int, bool], _DecodeGraph] = {}
         self._decoders_cache: tuple[int, ...] = ()
         self.decoder_steps = 0  # steps each form served (for tests and profiling)
         self.multi_query_steps = 0  # decoder steps with a row of several tokens
@@ -433,22 +419,19 @@ class GgmlLayerSteps:
             raise ValueError(f"these layer graphs take 1 to {self.max_tokens} tokens, not {tokens}")
         threads = max(1, torch.get_num_threads())
         # A duck-typed check: isinstance against a runtime-checkable Protocol costs ~16 us a step.
-        cache = cast(DecodeCache, attend) if hasattr(attend, "decode_slots") else None
+        cache = cast(DecodeCache, attend) if hasattr(attend, "decode_layout") else None
         if cache is not None and cache.keys[0].dtype != torch.float32:
             cache = None
-        first_slot = cache.decode_slots() if cache is not None else None
-        if cache is not None and first_slot is not None:
+        layout = cache.decode_layout() if cache is not None else None
+        if cache is not None and layout is not None:
             # Keys in buckets of powers of two: few graphs, and flash attention skips the masked keys.
             longest = int(positions.max()) + 1
             keys = min(cache.max_len, max(_MIN_KEY_BUCKET, 1 << (longest - 1).bit_length()))
-            rows = len(last)
-            counts = torch.diff(last, prepend=torch.tensor([-1]))  # each row's tokens
-            queries = 1 if rows == tokens else int(counts.max())
-            decoder = self._decoder(cache, tokens, rows, queries, keys)
+            decoder = self._decoder(cache, (tokens, layout.slots, layout.queries, keys, not layout.direct))
             self.decoder_steps += 1
-            self.multi_query_steps += queries > 1
-            out = decoder.run(x, positions, counts, first_slot, threads)
-            return out if rows == tokens else out.index_select(0, last)
+            self.multi_query_steps += layout.queries > 1
+            out = decoder.run(x, positions, layout, threads)
+            return out if len(last) == tokens else out.index_select(0, last)
         graphs = self._boundaries.get(tokens)
         if graphs is None:
             graphs = self._boundaries[tokens] = _BoundaryGraphs(self, tokens)
@@ -458,18 +441,18 @@ class GgmlLayerSteps:
             out.index_select(0, last), (self.shape.hidden_size,), self.final_norm, self.shape.rms_eps
         )
 
-    def _decoder(self, cache: DecodeCache, tokens: int, rows: int, queries: int, keys: int) -> _DecodeGraph:
-        """The one-graph decoder for this cache and step shape (graphs point at the cache's buffers: another cache
-        drops them). The most recently used DECODERS_KEPT are kept: a batch's shapes recur step after step."""
+    def _decoder(self, cache: DecodeCache, shape: tuple[int, int, int, int, bool]) -> _DecodeGraph:
+        """The one-graph decoder for this cache and step shape (tokens, slots, queries, keys, gathered; graphs
+        point at the cache's buffers: another cache drops them). The most recently used DECODERS_KEPT are kept:
+        a batch's shapes recur step after step."""
         pointers = tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
         if pointers != self._decoders_cache:
             for graph in self._decoders.values():
                 graph.free()
             self._decoders, self._decoders_cache = {}, pointers
-        shape = (tokens, rows, queries, keys)
         decoder = self._decoders.pop(shape, None)
         if decoder is None:
-            decoder = _DecodeGraph(self, cache, tokens, rows, queries, keys)
+            decoder = _DecodeGraph(self, cache, *shape)
             if len(self._decoders) >= DECODERS_KEPT:
                 self._decoders.pop(next(iter(self._decoders))).free()  # the least recently used
         self._decoders[shape] = decoder  # re-inserted: the dict's order is the order of use
