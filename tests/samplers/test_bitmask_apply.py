@@ -22,12 +22,13 @@ def _mask(rows: int, densities: list[float], seed: int) -> torch.Tensor:
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
-# few allowed (inside JSON structure), none, one, all, nearly all (inside a string), half (the worst case)
-DENSITIES = [0.001, 0.0, 1 / VOCAB, 1.0, 0.999, 0.5]
+# few allowed (inside JSON structure), none, one, all, nearly all (inside a string), half (the worst case for
+# xgrammar's kernel), and two between (a regex's character class): each of apply_bitmask's three ways
+DENSITIES = [0.001, 0.0, 1 / VOCAB, 1.0, 0.999, 0.5, 0.97, 0.3]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [None, [0, 2, 3, 5], []])
+@pytest.mark.parametrize("rows", [None, [0, 2, 3, 5, 6], [7, 4], []])
 def test_matches_xgrammars_kernel(dtype: torch.dtype, rows: list[int] | None) -> None:
     mask = _mask(len(DENSITIES), DENSITIES, seed=1)
     logits = torch.randn(len(DENSITIES), VOCAB + 7, generator=torch.Generator().manual_seed(2)).to(dtype)
