@@ -14,12 +14,20 @@ Which rows: greedy ones that report no logprobs (a sampled row's draw, and repor
 masked distribution), whose last filled mask allowed more than the sparse-head limit (a sparse row's head
 computes only its allowed ids, which needs its mask first) and took at least `min_fill_us`. A stop token is
 always refused here (the mask decides whether the answer may end, the contract guard with it). A refusal
-backs the row off for a few steps, doubling with each refusal in a row (a random model's picks are mostly
-refused), and a row that skipped `MAX_STREAK` fills running gets one mask, to see whether its state narrowed.
+backs the row off for a few steps, doubling with each refusal in a row, and a row that skipped `MAX_STREAK` fills
+running gets one mask, to see whether its state narrowed.
+
+A row's own back-off cannot learn within a short answer, so each grammar also keeps the odds that its checks
+pass (`GrammarOdds`, shared by every request of that grammar). A model whose picks a grammar mostly refuses (a
+random model's, or one that ignores a prompt's format) would pay a serial fill after every skipped one, on the
+engine thread and after the forward, instead of the fill that overlaps it: under such a grammar rows skip only
+one eligible step in `PROBE_EVERY`, which keeps the odds current.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from server.engine.sampling import SamplingParams
@@ -33,6 +41,27 @@ MIN_FILL_US = 1500.0
 MAX_STREAK = 16  # unmasked picks in a row before one masked step re-reads how wide the state is
 MISS_BACKOFF = 4  # masked steps after a refused pick, doubled per refusal in a row ...
 MAX_BACKOFF = 256  # ... up to this
+# A grammar's odds: a moving average of its checks (each new one weighs ODDS_WEIGHT), starting hopeful. Below
+# MIN_ODDS its rows skip one eligible step in PROBE_EVERY. At most GRAMMARS_KEPT grammars are remembered.
+ODDS_WEIGHT = 0.1
+MIN_ODDS = 0.5
+PROBE_EVERY = 16
+GRAMMARS_KEPT = 256
+
+
+@dataclass
+class GrammarOdds:
+    """How often the checks of one grammar's unmasked picks passed, over every request of that grammar."""
+
+    passed: float = 1.0  # moving average of 1 (allowed) and 0 (refused)
+    eligible: int = 0  # steps on which a row of this grammar could have skipped its fill
+
+    def worth_skipping(self) -> bool:
+        self.eligible += 1
+        return self.passed >= MIN_ODDS or self.eligible % PROBE_EVERY == 0
+
+    def record(self, allowed: bool) -> None:
+        self.passed += ODDS_WEIGHT * ((1.0 if allowed else 0.0) - self.passed)
 
 
 @dataclass
@@ -53,17 +82,33 @@ class LazyMasks:
     def __init__(self, wide_above: int, *, enabled: bool = True, min_fill_us: float = MIN_FILL_US) -> None:
         """wide_above: allowed tokens past which a mask counts as wide (the sparse-head limit)."""
         self.wide_above, self.enabled, self.min_fill_us = wide_above, enabled, min_fill_us
+        self._odds: OrderedDict[Hashable, GrammarOdds] = OrderedDict()
 
-    def skips(self, state: LazyMaskState, params: SamplingParams, *, constrained: bool, produced: int) -> bool:
-        """Whether a sequence (`produced` output tokens so far) skips its fill this step."""
+    def odds(self, grammar: Hashable) -> GrammarOdds:
+        """`grammar`'s odds (any key naming the compiled grammar), remembered for the most recent grammars."""
+        found = self._odds.get(grammar)
+        if found is None:
+            found = self._odds[grammar] = GrammarOdds()
+            if len(self._odds) > GRAMMARS_KEPT:
+                self._odds.popitem(last=False)
+        else:
+            self._odds.move_to_end(grammar)
+        return found
+
+    def skips(
+        self, state: LazyMaskState, params: SamplingParams, *, grammar: Hashable | None, produced: int
+    ) -> bool:
+        """Whether a sequence (`produced` output tokens so far, under `grammar`, None when unconstrained) skips
+        its fill this step."""
         return (
             self.enabled
-            and constrained
+            and grammar is not None
             and state.wide
             and state.streak < MAX_STREAK
             and produced >= state.resume_at
             and params.greedy
             and not params.logprobs
+            and self.odds(grammar).worth_skipping()
         )
 
     def filled(self, state: LazyMaskState, allowed: int, fill_us: float) -> None:
@@ -71,8 +116,9 @@ class LazyMasks:
         state.wide = allowed > self.wide_above and fill_us >= self.min_fill_us
         state.streak = 0
 
-    def checked(self, state: LazyMaskState, allowed: bool, produced: int) -> None:
+    def checked(self, state: LazyMaskState, grammar: Hashable, allowed: bool, produced: int) -> None:
         """An unmasked pick was checked: allowed (the step needed no mask) or refused (back off)."""
+        self.odds(grammar).record(allowed)
         if allowed:
             state.streak += 1
             state.misses = 0

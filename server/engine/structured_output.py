@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -90,7 +91,7 @@ class StructuredOutput:
         self.unmasked = [
             row
             for row, seq in enumerate(batch)
-            if skips(seq.lazy_mask, seq.params, constrained=seq.matcher is not None, produced=len(seq.output_ids))
+            if skips(seq.lazy_mask, seq.params, grammar=odds_key(seq), produced=len(seq.output_ids))
         ]
         skipped = set(self.unmasked)
         for row, seq in enumerate(batch):
@@ -209,7 +210,7 @@ class StructuredOutput:
             allowed = revisable  # a masked row allows it whenever the row may revise
         else:  # whether the answer may end is the mask's call (and the contract guard's), never the check's
             allowed = token not in self._stops and matcher.validate_tokens([token]) == 1
-        self.lazy.checked(seq.lazy_mask, allowed, len(seq.output_ids))
+        self.lazy.checked(seq.lazy_mask, odds_key(seq), allowed, len(seq.output_ids))
         if allowed:
             return Recheck(token)
         t0 = time.perf_counter()
@@ -246,6 +247,17 @@ class StructuredOutput:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def odds_key(seq: Sequence) -> Hashable | None:
+    """What a sequence's grammar odds are kept under (server/engine/lazy_masks.py): the compiled grammar's
+    backend and spec, shared by every request of that grammar; the matcher itself for a caller that built one
+    without a compiled grammar; None when unconstrained."""
+    if seq.matcher is None:
+        return None
+    if seq.grammar is None:
+        return id(seq.matcher)
+    return (seq.grammar.backend_name, seq.grammar.spec)
 
 
 def set_bit(bitmask: torch.Tensor, row: int, token: int, on: bool = True) -> None:

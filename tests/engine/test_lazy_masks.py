@@ -11,7 +11,7 @@ from samplers.compilation import GrammarCache
 from samplers.protocol import TokenizerSpec
 from samplers.registry import BackendSet
 from server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from server.engine.lazy_masks import MAX_STREAK, MISS_BACKOFF, LazyMasks, LazyMaskState
+from server.engine.lazy_masks import MAX_STREAK, MIN_ODDS, MISS_BACKOFF, PROBE_EVERY, LazyMasks, LazyMaskState
 from server.models import LoadedModel, load_model
 
 
@@ -85,7 +85,7 @@ def test_only_greedy_rows_without_logprobs_whose_last_mask_was_wide_and_costly_s
     greedy = SamplingParams(temperature=0.0)
 
     def skips(state: LazyMaskState, params: SamplingParams = greedy, constrained: bool = True) -> bool:
-        return policy.skips(state, params, constrained=constrained, produced=0)
+        return policy.skips(state, params, grammar="g" if constrained else None, produced=0)
 
     state = LazyMaskState()
     assert not skips(state)  # no mask filled yet
@@ -94,7 +94,7 @@ def test_only_greedy_rows_without_logprobs_whose_last_mask_was_wide_and_costly_s
     assert not skips(state, constrained=False)
     assert not skips(state, SamplingParams(temperature=0.7))  # a draw is over the masked distribution
     assert not skips(state, SamplingParams(temperature=0.0, logprobs=True))  # so are reported logprobs
-    assert not LazyMasks(wide_above=100, enabled=False).skips(state, greedy, constrained=True, produced=0)
+    assert not LazyMasks(wide_above=100, enabled=False).skips(state, greedy, grammar="g", produced=0)
     policy.filled(state, allowed=50, fill_us=900.0)  # narrow: its head may be cut to the allowed ids
     assert not skips(state)
     policy.filled(state, allowed=5000, fill_us=100.0)  # cheap: the fill overlaps the forward anyway
@@ -107,19 +107,19 @@ def test_a_refused_pick_backs_off_doubling_and_a_long_streak_gets_a_mask() -> No
     state, produced = LazyMaskState(), 0
 
     def skips() -> bool:
-        return policy.skips(state, greedy, constrained=True, produced=produced)
+        return policy.skips(state, greedy, grammar="g", produced=produced)
 
     policy.filled(state, allowed=5000, fill_us=1.0)
     for _ in range(MAX_STREAK):
         assert skips()
-        policy.checked(state, allowed=True, produced=produced)
+        policy.checked(state, "g", allowed=True, produced=produced)
         produced += 1
     assert not skips()  # a masked step now re-reads how wide the state is
     policy.filled(state, allowed=5000, fill_us=1.0)
     assert skips()
     waits = []
     for _ in range(3):
-        policy.checked(state, allowed=False, produced=produced)
+        policy.checked(state, "g", allowed=False, produced=produced)
         policy.filled(state, allowed=5000, fill_us=1.0)
         steps = 0
         while not skips():
@@ -127,7 +127,29 @@ def test_a_refused_pick_backs_off_doubling_and_a_long_streak_gets_a_mask() -> No
             steps += 1
         waits.append(steps)
     assert waits == [MISS_BACKOFF, 2 * MISS_BACKOFF, 4 * MISS_BACKOFF]
-    policy.checked(state, allowed=True, produced=produced)  # an allowed pick ends the run of refusals
-    policy.checked(state, allowed=False, produced=produced)
+    policy.checked(state, "g", allowed=True, produced=produced)  # an allowed pick ends the run of refusals
+    policy.checked(state, "g", allowed=False, produced=produced)
     assert state.resume_at == produced + MISS_BACKOFF
     assert (state.skipped, state.refilled) == (MAX_STREAK + 1, 4)
+
+
+def test_a_grammar_whose_picks_are_mostly_refused_makes_its_new_rows_skip_only_to_probe() -> None:
+    policy = LazyMasks(wide_above=100, min_fill_us=0.0)
+    greedy = SamplingParams(temperature=0.0)
+
+    def fresh_row() -> LazyMaskState:  # a new request's row, its last mask wide
+        state = LazyMaskState()
+        policy.filled(state, allowed=5000, fill_us=1.0)
+        return state
+
+    refusing, passing = ("xgrammar", "csv"), ("xgrammar", "sql")
+    while policy.odds(refusing).passed >= MIN_ODDS:  # short answers: each request refused once, then it ends
+        policy.checked(fresh_row(), refusing, allowed=False, produced=0)
+    policy.checked(fresh_row(), passing, allowed=False, produced=0)  # one refusal is not a trend
+    row = fresh_row()
+    tries = [policy.skips(row, greedy, grammar=refusing, produced=0) for _ in range(4 * PROBE_EVERY)]
+    assert sum(tries) == 4  # one eligible step in PROBE_EVERY still skips, so the odds can recover
+    assert policy.skips(fresh_row(), greedy, grammar=passing, produced=0)
+    while policy.odds(refusing).passed < MIN_ODDS:
+        policy.checked(fresh_row(), refusing, allowed=True, produced=0)
+    assert policy.skips(fresh_row(), greedy, grammar=refusing, produced=0)
