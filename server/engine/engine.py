@@ -125,7 +125,7 @@ class Engine:
             waited = time.perf_counter() - t_wait
             return settled.restricted
 
-        rows_in = [ForwardRow(s.slot, s.num_cached, s.pending) for s in batch]
+        rows_in = forward_rows(batch, self.structured.unmasked)
         masked = masks is not None
         chosen = choose_threads(self.threads, self._torch_threads, masked, sum(len(r.tokens) for r in rows_in))
         t0 = time.perf_counter()
@@ -360,3 +360,10 @@ def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:
         except RuntimeError:
             time.sleep(0.001)
     return []
+
+
+def forward_rows(batch: list[Sequence], unmasked: list[int]) -> list[ForwardRow]:
+    """The step's rows for the runner. A row needs only its best token's id where its sampling says so and it
+    was not picked before its mask (`unmasked`: the recheck after a refused pick needs its exact logits)."""
+    return [ForwardRow(s.slot, s.num_cached, s.pending, s.params.best_only and i not in unmasked)
+            for i, s in enumerate(batch)]

@@ -26,11 +26,13 @@ SHARED_FORWARD_MAX = 32  # transformers path: rows feeding up to this many token
 
 @dataclass(frozen=True)
 class ForwardRow:
-    """Feed `tokens` to the sequence in `slot`, whose cache already holds `start` tokens."""
+    """Feed `tokens` to the sequence in `slot`, whose cache already holds `start` tokens. `best_only`: the row
+    needs only its best token's id (greedy, nothing reported), which the head may prove without every logit."""
 
     slot: int
     start: int
     tokens: Sequence[int]
+    best_only: bool = False
 
 
 # Called between the decoder and its head with the step's grammar masks settled: {row: allowed token ids}
@@ -120,7 +122,7 @@ class PackedForward:
         hidden = self.model.hidden(input_ids, positions, last, self.cache)
         self._hidden = hidden  # for `refine`, which the engine calls once the step's masks are applied
         allowed = restrict() if restrict is not None and self.restricts_head else {}
-        return self.model.restricted_logits(hidden, allowed)
+        return self.model.restricted_logits(hidden, allowed, [i for i, r in enumerate(rows) if r.best_only])
 
     def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
         if self._hidden is not None:

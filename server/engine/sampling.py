@@ -49,6 +49,12 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
+    def best_only(self) -> bool:
+        """Only the highest logit's token matters: greedy, with no logprobs reported and nothing added to the
+        logits (penalties, biases), so the head need not give every logit exactly (server/models/head_screen.py)."""
+        return self.greedy and not self.logprobs and not self.penalized and not self.logit_bias
+
+    @property
     def filtered(self) -> bool:
         """A sampled row that needs the sorted-vocabulary filters."""
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0

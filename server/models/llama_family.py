@@ -29,6 +29,14 @@ import torch.nn.functional as F
 from server.models.checkpoint import iter_tensors
 from server.models.ggml_layers import GgmlLayerSteps, StepShape
 from server.models.gguf_blocks import QuantBlocks
+from server.models.head_screen import (
+    HeadScreen,
+    ScreenedRows,
+    calibrated_screen,
+    head_screen_enabled,
+    screen_rows,
+    settle_screened,
+)
 from server.models.layer_kernels import layer_parts
 from server.models.logit_refinement import refine_near_top
 from server.models.projection import Projection
@@ -305,6 +313,19 @@ class LlamaFamilyModel(torch.nn.Module):
         self.inv_freqs = [ropes[t][0].to(self.embed.device) for t in self.rope_types]
         self.rope_scales = [ropes[t][1] for t in self.rope_types]
         self.layer_steps = self._layer_graphs()
+        screened = quantization == "fp16" and self.embed.device.type == "cpu" and head_screen_enabled()
+        self.screen = self._calibrated_screen(self.embed if head is None else head) if screened else None
+        self._screened: ScreenedRows | None = None
+
+    @torch.inference_mode()
+    def _calibrated_screen(self, weight: torch.Tensor) -> HeadScreen | None:
+        """The integer screen for rows that need only their best token (server/models/head_screen.py)."""
+
+        def hidden_of(ids: torch.Tensor, attend: Attend) -> torch.Tensor:
+            every = torch.arange(len(ids))
+            return self.hidden(ids, every, every, attend)
+
+        return calibrated_screen(weight, int(weight.shape[0]), hidden_of, self.shape.attn_scale)
 
     def _layer_graphs(self) -> GgmlLayerSteps | None:
         """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
@@ -332,11 +353,12 @@ class LlamaFamilyModel(torch.nn.Module):
         if self.blocks is not None:
             tied = "lm_head.weight" not in self.blocks
             return sum(b.data.nbytes for name, b in self.blocks.items() if tied or name != _EMBED)
-        projections: list[Any] = [self.head]
+        # A greedy row's head is the screen (and a few exact outputs), the step's largest read.
+        projections: list[Any] = [self.head] if self.screen is None else []
+        total = 0 if self.screen is None else self.screen.weight_bytes
         for layer in self.layers:
             assert isinstance(layer, _Layer)
             projections += [layer.qkv, layer.o, layer.gate_up, layer.down]
-        total = 0
         for projection in projections:
             for part in getattr(projection, "parts", [projection]):
                 quantized = isinstance(part, QuantizedProjection)
@@ -395,28 +417,41 @@ class LlamaFamilyModel(torch.nn.Module):
         # Only each row's last token needs logits: the vocabulary projection is the step's largest matmul.
         return F.rms_norm(x.index_select(0, last), (s.hidden_size,), self.norm, eps)
 
-    def restricted_logits(self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    def restricted_logits(
+        self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor], best_only: Iterable[int] = ()
+    ) -> torch.Tensor:
         """Float32 logits [B, vocab] where row r in `allowed` gets only its allowed token ids computed (the
-        rest -inf, as its grammar mask would set them) and every other row the full projection."""
-        if not allowed:
+        rest -inf, as its grammar mask would set them) and every other row the full projection; rows in
+        `best_only` (that need only their best token) the screen's, settled exactly by `refine`."""
+        screened = [row for row in best_only if row not in allowed] if self.screen is not None else []
+        self._screened = None
+        if not allowed and not screened:
             return self.head(hidden).float()
         batch = hidden.shape[0]
         logits = torch.full((batch, self.head.out_features), float("-inf"), device=hidden.device)
-        full = [row for row in range(batch) if row not in allowed]
+        if self.screen is not None and screened:
+            self._screened = screen_rows(self.screen, hidden, screened, logits)
+        full = [row for row in range(batch) if row not in allowed and row not in screened]
         if full:
             index = torch.tensor(full, device=hidden.device)
             logits.index_copy_(0, index, self.head(hidden.index_select(0, index)).float())
         keys = sorted(allowed)
-        columns = torch.cat([allowed[row] for row in keys]).to(hidden.device)
-        counts = torch.tensor([len(allowed[row]) for row in keys])
-        rows = torch.repeat_interleave(torch.tensor(keys), counts).to(hidden.device)
+        columns = torch.cat([allowed[row] for row in keys] or [torch.zeros(0, dtype=torch.long)]).to(hidden.device)
+        counts = torch.tensor([len(allowed[row]) for row in keys], dtype=torch.long)
+        rows = torch.repeat_interleave(torch.tensor(keys, dtype=torch.long), counts).to(hidden.device)
         if len(columns):
             logits[rows, columns] = self.head.select(hidden, rows, columns).float()
         return logits
 
     def refine(self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int]) -> None:
         """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
-        head's kernel rounds them (server/models/logit_refinement.py); `hidden` gave `logits`."""
+        head's kernel rounds them (server/models/logit_refinement.py); `hidden` gave `logits`. Screened rows
+        get their candidates' exact logits instead (server/models/head_screen.py)."""
+        if self.screen is not None and self._screened is not None:
+            full = settle_screened(self.screen, self.head, logits, hidden, self._screened, rows)
+            screened = set(self._screened.rows) - set(full)
+            depths = [d for row, d in zip(rows, depths, strict=True) if row not in screened]
+            rows = [row for row in rows if row not in screened]
         if isinstance(self.head, (SplitProjection, QuantizedProjection)):
             refine_near_top(self.head, logits, hidden, rows, depths)
 

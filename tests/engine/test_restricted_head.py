@@ -78,9 +78,9 @@ def _decode(
     cut_rows: list[int] = []
     original = model.restricted_logits
 
-    def counting(hidden: torch.Tensor, allowed: dict[int, torch.Tensor]) -> torch.Tensor:
+    def counting(hidden: torch.Tensor, allowed: dict[int, torch.Tensor], best_only: list[int]) -> torch.Tensor:
         cut_rows.append(len(allowed))
-        return original(hidden, allowed)
+        return original(hidden, allowed, best_only)
 
     model.restricted_logits = counting
     backend = backends.get("llguidance")

@@ -1,0 +1,257 @@
+"""An integer screen in front of the fp16 head, for rows that need only their best token.
+
+Gemma 3's head is 262,144 × 640: under `fp16` it is 335 MB a step, and at 8 rows fbgemm's fp16 product is bound
+by arithmetic (~25 ms, half a decode step). An 8-bit integer product (`torch._int_mm`) reads half the bytes and
+takes ~8 ms for a row, ~16 for eight, but its rounding is coarse on Gemma's hidden states (a few dimensions reach
+~70 where most stay under ~9): fbgemm's integer head's argmax differed from fp16's at 14 % of positions of real
+text (docs/changelog.md, fourteenth). So it only screens. A greedy row that reports nothing (no logprobs,
+penalties or biases) needs only the token with the highest logit, and the screen proves which tokens can be it:
+
+- the `OUTLIER_DIMS` input dimensions that run largest (found once at load, `calibrated_screen`) are left out of
+  the integer product and added in float32, and each row is rounded to 8 bits with its own step;
+- every screened logit comes with a strict bound on its error, per token j: the L2 norm of row j's weight
+  rounding × the input's, plus the L2 norm of the input's rounding (known exactly: the rounding is done here)
+  × row j's rounded weights' (Cauchy-Schwarz on both terms), plus float32's rounding;
+- after the step's masks, only tokens whose screened logit plus bound reaches the best token's screened logit
+  minus its bound can have the best exact logit: those few (tens to hundreds a row on real text) are computed
+  exactly from the fp16 weights (`select`, as a grammar-restricted row's are), and the pick is the fp16 head's.
+  A row with more than `MAX_CANDIDATES` of them gets its full fp16 row instead.
+
+Sampled rows, rows that report logprobs, and rows picked before their mask (lazy masks) keep the fp16 head.
+`CORRAL_HEAD_SCREEN=off` serves every row through the fp16 head (for comparisons).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SWITCH_ENV = "CORRAL_HEAD_SCREEN"
+OUTLIER_DIMS = 16  # input dimensions computed in float32 beside the integer product
+# A row with more candidates than this (a flat distribution) is computed in full: its exact values via `select`
+# would read more than the head's fp16 row does.
+MAX_CANDIDATES = 8192
+_SLACK_ABS = 2e-2  # added to every bound, with this share of the input's L1 norm, for float32 rounding
+_SLACK_PER_L1 = 1e-4
+_CHUNK = 16384  # head rows quantized at a time (bounds the float32 temporaries at load)
+CALIBRATION_TOKENS = 48
+
+
+def head_screen_enabled() -> bool:
+    return os.environ.get(SWITCH_ENV, "on").strip().lower() != "off"
+
+
+class HeadScreen:
+    """The integer screen of one fp16 head [vocab, in_features] (its weights as the fp16 head holds them)."""
+
+    def __init__(self, weight: torch.Tensor, outliers: torch.Tensor) -> None:
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        self.outliers = outliers.to(torch.long)
+        self._inside = torch.ones(self.in_features, dtype=torch.float32)
+        self._inside[self.outliers] = 0.0
+        vocab = self.out_features
+        self._outlier_weight = torch.empty(vocab, len(self.outliers))  # [V, k] float32
+        codes = torch.empty(vocab, self.in_features, dtype=torch.int8)
+        scales = torch.empty(vocab)
+        self.error_norms = torch.empty(vocab)  # L2 norm of each row's rounding error
+        self.rounded_norms = torch.empty(vocab)  # L2 norm of each row as rounded
+        for lo in range(0, vocab, _CHUNK):
+            w = weight[lo : lo + _CHUNK].detach().float().half().float()  # the values fp16's kernels compute with
+            self._outlier_weight[lo : lo + len(w)] = w[:, self.outliers]
+            w *= self._inside  # the integer product covers the other dimensions only
+            scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            code = torch.round(w / scale[:, None]).clamp(-127, 127)
+            rounded = code * scale[:, None]
+            codes[lo : lo + len(w)] = code.to(torch.int8)
+            scales[lo : lo + len(w)] = scale
+            self.error_norms[lo : lo + len(w)] = (w - rounded).norm(dim=1)
+            self.rounded_norms[lo : lo + len(w)] = rounded.norm(dim=1)
+        self._packed = _prepack(codes, scales)
+        # Two outlier dimensions (zero weights in the pack) carry the grid's ends, so that fbgemm's rounding of
+        # the call's input, whose step and zero point it takes from the input's range, keeps it as it is.
+        self._pins = self.outliers[:2]
+        # 8-bit inputs where fbgemm's integer sums are exact at full range (VNNI's 32-bit sums), else 7-bit (AVX2
+        # adds pairs of u8 × s8 products in 16 bits, which full-range inputs overflow); the bounds rest on it.
+        self._full_range = _exact_product(self.in_features, full_range=True)
+        self._half = 127.0 if self._full_range else 63.0
+        if not self._full_range and not _exact_product(self.in_features, full_range=False):
+            raise ValueError("fbgemm's integer product does not pass exact integers through here")
+        self.max_error_norm = float(self.error_norms.max())
+        self.max_rounded_norm = float(self.rounded_norms.max())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes one screened call reads: the int8 codes, their scales and the float32 outlier columns."""
+        return self.out_features * (self.in_features + 4 + 4 * len(self.outliers))
+
+    def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Screened logits [R, V] of x [R, in_features]; for each row, the L2 norms of its input over the
+        dimensions the integer product covers and of that input's rounding. Each row is rounded here to
+        integers in -127..127 (-63..63 at 7 bits) with its own step, so its rounding error is known exactly.
+        fbgemm's dynamic linear rounds a call's input to 0..255 (0..127) with one step and zero point from its
+        range: with two zero-weight dimensions pinned at -127 and 128 (-63 and 64) that range gives a step of
+        exactly 1, so the integers pass through unchanged, and the product is exact integer sums times each
+        row's scale."""
+        x = x.float()
+        inner = x * self._inside
+        step = inner.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self._half
+        codes = torch.round(inner / step)
+        codes[:, self._pins[0]] = -self._half
+        codes[:, self._pins[1]] = self._half + 1
+        product: torch.Tensor = torch.ops.quantized.linear_dynamic(codes, self._packed, not self._full_range)
+        codes[:, self._pins] = 0.0
+        product.mul_(step).addmm_(x[:, self.outliers], self._outlier_weight.t())
+        return product, inner.norm(dim=1), (inner - codes * step).norm(dim=1)
+
+    def bounds(self, input_norm: float, error_norm: float, input_l1: float) -> torch.Tensor:
+        """How far each screened logit of a row may be from its exact value [V]: the product's error is
+        x·(w − ŵ) + (x − x̂)·ŵ, each term at most the product of two L2 norms (Cauchy-Schwarz), plus float32's
+        rounding in both paths."""
+        return self.error_norms * input_norm + self.rounded_norms * error_norm + _slack(input_l1)
+
+
+@dataclass(frozen=True)
+class ScreenedRows:
+    """The rows of a step's logits that came from the screen, with what their bounds need."""
+
+    rows: list[int]
+    input_norms: list[float]
+    error_norms: list[float]
+    input_l1: list[float]
+
+
+class ExactHead(Protocol):
+    """The fp16 head: full rows, and single outputs computed exactly in float32."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor: ...
+
+
+def screen_rows(screen: HeadScreen, hidden: torch.Tensor, rows: list[int], logits: torch.Tensor) -> ScreenedRows:
+    """Write the screened logits of `rows` of hidden [B, in_features] into logits [B, V]."""
+    index = torch.tensor(rows, dtype=torch.long)
+    picked = hidden.index_select(0, index)
+    values, input_norms, error_norms = screen.logits(picked)
+    logits.index_copy_(0, index, values)
+    l1 = picked.float().abs().sum(dim=1)
+    return ScreenedRows(rows, input_norms.tolist(), error_norms.tolist(), l1.tolist())
+
+
+def settle_screened(
+    screen: HeadScreen,
+    head: ExactHead,
+    logits: torch.Tensor,
+    hidden: torch.Tensor,
+    screened: ScreenedRows,
+    wanted: Sequence[int],
+) -> list[int]:
+    """After the step's masks: each screened row of `wanted` gets its candidates' exact logits, so its best
+    logit is the fp16 head's best allowed one. The best screened token k's exact logit is at least its value
+    minus its bound; a token whose value plus bound is below that cannot be the best, and keeps its screened
+    value (which is lower still). A row with too many candidates gets its whole fp16 row, masked as it was;
+    those rows are returned, to be refined as any row the fp16 head computed."""
+    wanted_rows = set(wanted)
+    picked = [i for i, row in enumerate(screened.rows) if row in wanted_rows]
+    if not picked:
+        return []
+    rows = torch.tensor([screened.rows[i] for i in picked], dtype=torch.long)
+    norms = (screened.input_norms, screened.error_norms, screened.input_l1)
+    input_norm, error_norm, input_l1 = (torch.tensor([values[i] for i in picked]) for values in norms)
+    every = rows.tolist() == list(range(logits.shape[0]))
+    lines = logits if every else logits.index_select(0, rows)  # [R, V], masked
+    best = torch.from_numpy(lines.numpy().argmax(axis=1))  # numpy's: ~4x torch's max over [8, 262,144] here
+    best_value = lines[torch.arange(len(rows)), best]
+    finite = torch.isfinite(best_value)  # a row that allows nothing backs off: nothing to settle
+    slack = _SLACK_ABS + _SLACK_PER_L1 * input_l1
+    floor = best_value - (screen.error_norms[best] * input_norm + screen.rounded_norms[best] * error_norm + slack)
+    # Every token's bound at once, then the ones that reach the floor: [R, V] in four passes.
+    # (numpy's compare and flatnonzero: torch's nonzero over [8, 262,144] took ~10x as long.)
+    reach = torch.outer(input_norm, screen.error_norms).addr_(error_norm, screen.rounded_norms).add_(lines)
+    reach.add_(slack[:, None])
+    threshold = torch.where(finite, floor, torch.tensor(float("inf"))).numpy()
+    flat = torch.from_numpy(np.flatnonzero(reach.numpy() >= threshold[:, None]))
+    width = lines.shape[1]
+    local, ids = flat // width, flat % width
+    counts = torch.bincount(local, minlength=len(picked))
+    full = [int(rows[i]) for i in torch.nonzero(counts > MAX_CANDIDATES).flatten().tolist()]
+    if full:
+        crowded = torch.isin(local, torch.nonzero(counts > MAX_CANDIDATES).flatten())
+        local, ids = local[~crowded], ids[~crowded]
+        for row in full:
+            exact = head(hidden[row : row + 1]).float()[0]
+            logits[row] = exact.masked_fill_(logits[row] == float("-inf"), float("-inf"))
+    if len(ids):
+        logits[rows[local], ids] = head.select(hidden, rows[local], ids).float()
+    return full
+
+
+def calibrated_screen(
+    weight: torch.Tensor, vocab: int, hidden_of: Callable[[torch.Tensor, Any], torch.Tensor], scale: float | None
+) -> HeadScreen | None:
+    """The screen of `weight`, its outlier dimensions found from the final hidden states the decoder gives a
+    fixed run of pseudo-random tokens (`hidden_of(ids, attend)`, attention causal over the run itself): the
+    dimensions that run large do so whatever the text (on Gemma 3, 10 of the 12 largest on prose were among the
+    16 found this way). None where fbgemm's integer sums are not exact."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (CALIBRATION_TOKENS,), generator=generator)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        group = q.shape[1] // k.shape[1]
+        keys, values = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, is_causal=True, scale=scale)
+        return out.transpose(0, 1)
+
+    hidden = hidden_of(ids, attend)[1:]  # the first position (an attention sink) never decodes
+    try:
+        return HeadScreen(weight, outlier_dims(hidden))
+    except ValueError as exc:
+        log.warning("no integer screen for the head: %s", exc)
+        return None
+
+
+def _slack(input_l1: float) -> float:
+    """float32's rounding in the screen's and `select`'s sums of products: at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ| for n
+    terms; with Gemma 3's weights under 0.2 and n = 640, well within 1e-4 of the input's L1 norm."""
+    return _SLACK_ABS + _SLACK_PER_L1 * input_l1
+
+
+def outlier_dims(hidden: torch.Tensor, count: int = OUTLIER_DIMS) -> torch.Tensor:
+    """The `count` dimensions of final hidden states [T, in_features] that reach the largest magnitudes."""
+    peaks = hidden.float().abs().amax(dim=0)
+    return torch.topk(peaks, min(count, peaks.numel())).indices.sort().values
+
+
+def _prepack(codes: torch.Tensor, scales: torch.Tensor) -> Any:
+    """fbgemm's packed int8 weight (per-channel scales, zero points 0) for `quantized.linear_dynamic`."""
+    with warnings.catch_warnings():  # torch marks its quantized-tensor constructors deprecated; the ops remain
+        warnings.simplefilter("ignore")
+        zero_points = torch.zeros(len(scales), dtype=torch.long)
+        quantized = torch._make_per_channel_quantized_tensor(codes, scales.double(), zero_points, 0)
+        return torch.ops.quantized.linear_prepack(quantized, None)
+
+
+def _exact_product(in_features: int, *, full_range: bool) -> bool:
+    """Whether fbgemm's dynamic linear, given integer inputs with the pins `HeadScreen.logits` sets, returns
+    their exact integer sums, at the values that overflow 16-bit pair sums (every input at the top of its range
+    against weights of 127, and the opposite signs)."""
+    half = 127.0 if full_range else 63.0
+    codes = torch.full((4, in_features), 127, dtype=torch.int8)
+    codes[2:] = -127
+    codes[:, :2] = 0  # the pins' dimensions carry no weight
+    packed = _prepack(codes, torch.ones(4))
+    inputs = torch.full((2, in_features), half)
+    inputs[1] = -half
+    inputs[:, 0], inputs[:, 1] = -half, half + 1
+    expected = inputs.double() @ codes.double().t()
+    got = torch.ops.quantized.linear_dynamic(inputs, packed, not full_range)
+    return bool(torch.equal(got.double(), expected))
