@@ -40,8 +40,7 @@ OUTLIER_DIMS = 16  # input dimensions computed in float32 beside the integer pro
 # A row with more candidates than this (a flat distribution) is computed in full: its exact values via `select`
 # would read more than the head's fp16 row does.
 MAX_CANDIDATES = 8192
-_SLACK_ABS = 2e-2  # added to every bound, with this share of the input's L1 norm, for float32 rounding
-_SLACK_PER_L1 = 1e-4
+_SLACK_ABS = 2e-2  # added to every bound, beside `HeadScreen.rounding_per_l1` of the input's L1 norm
 _CHUNK = 16384  # head rows quantized at a time (bounds the float32 temporaries at load)
 CALIBRATION_TOKENS = 48
 
@@ -76,6 +75,9 @@ class HeadScreen:
             self.error_norms[lo : lo + len(w)] = (w - rounded).norm(dim=1)
             self.rounded_norms[lo : lo + len(w)] = rounded.norm(dim=1)
         self._packed = _prepack(codes, scales)
+        # float32's rounding in a sum of n products, here and in `select`, is at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ|, itself at
+        # most the input's L1 norm times the largest weight: twice that, per unit of the input's L1 norm.
+        self.rounding_per_l1 = self.in_features * 2.0**-23 * float(weight.detach().abs().max())
         # Two outlier dimensions (zero weights in the pack) carry the grid's ends, so that fbgemm's rounding of
         # the call's input, whose step and zero point it takes from the input's range, keeps it as it is.
         self._pins = self.outliers[:2]
@@ -116,7 +118,8 @@ class HeadScreen:
         """How far each screened logit of a row may be from its exact value [V]: the product's error is
         x·(w − ŵ) + (x − x̂)·ŵ, each term at most the product of two L2 norms (Cauchy-Schwarz), plus float32's
         rounding in both paths."""
-        return self.error_norms * input_norm + self.rounded_norms * error_norm + _slack(input_l1)
+        slack = _SLACK_ABS + self.rounding_per_l1 * input_l1
+        return self.error_norms * input_norm + self.rounded_norms * error_norm + slack
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def settle_screened(
     best = torch.from_numpy(lines.numpy().argmax(axis=1))  # numpy's: ~4x torch's max over [8, 262,144] here
     best_value = lines[torch.arange(len(rows)), best]
     finite = torch.isfinite(best_value)  # a row that allows nothing backs off: nothing to settle
-    slack = _SLACK_ABS + _SLACK_PER_L1 * input_l1
+    slack = _SLACK_ABS + screen.rounding_per_l1 * input_l1
     floor = best_value - (screen.error_norms[best] * input_norm + screen.rounded_norms[best] * error_norm + slack)
     # Every token's bound at once, then the ones that reach the floor: [R, V] in four passes.
     # (numpy's compare and flatnonzero: torch's nonzero over [8, 262,144] took ~10x as long.)
@@ -217,12 +220,6 @@ def calibrated_screen(
     except ValueError as exc:
         log.warning("no integer screen for the head: %s", exc)
         return None
-
-
-def _slack(input_l1: float) -> float:
-    """float32's rounding in the screen's and `select`'s sums of products: at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ| for n
-    terms; with Gemma 3's weights under 0.2 and n = 640, well within 1e-4 of the input's L1 norm."""
-    return _SLACK_ABS + _SLACK_PER_L1 * input_l1
 
 
 def outlier_dims(hidden: torch.Tensor, count: int = OUTLIER_DIMS) -> torch.Tensor:

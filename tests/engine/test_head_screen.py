@@ -98,8 +98,8 @@ def test_without_its_bounds_the_screen_picks_wrong_tokens(
 ) -> None:
     """The bounds are what makes the picks exact: with them zeroed the screen's own coarse picks come through."""
     monkeypatch.setattr(head_screen, "_SLACK_ABS", 0.0)
-    monkeypatch.setattr(head_screen, "_SLACK_PER_L1", 0.0)
     screen, head = HeadScreen(close_weight, OUTLIERS), ExactHead(close_weight)
+    screen.rounding_per_l1 = 0.0
     screen.error_norms.zero_()
     screen.rounded_norms.zero_()
     generator = torch.Generator().manual_seed(3)
