@@ -135,10 +135,13 @@ def test_models_names_the_real_model(gemma: RunningServer) -> None:
     listed = httpx.get(f"{gemma.base_url}/v1/models", timeout=10).json()
     assert [m["id"] for m in listed["data"]] == [MODEL]
     # Gemma 3 270M's projections and head (268,042,240 of its 268,098,176 weights; the rest are norms), in fp16
-    # (`--quantization auto` for a model from a GGUF): two bytes a weight; activations stay float32.
+    # (`--quantization auto` for a model from a GGUF): two bytes a weight; activations stay float32. What a
+    # greedy step reads: the layers' fp16 and the head's integer screen (server/models/head_screen.py), a byte a
+    # weight plus a float32 scale and 16 float32 outlier weights per token of the 262,144 x 640 head.
     model = listed["data"][0]
     assert (model["dtype"], model["quantization"]) == ("float32", "fp16")
-    assert model["weight_bytes"] == 2 * 268_042_240
+    vocab, width = 262_144, 640
+    assert model["weight_bytes"] == 2 * (268_042_240 - vocab * width) + vocab * (width + 4 + 4 * 16)
 
 
 def test_chat_answers_in_words(gemma: RunningServer) -> None:
