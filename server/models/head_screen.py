@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,6 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from server.models.quantized_projection import prepack_w8a8
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class HeadScreen:
             scales[lo : lo + len(w)] = scale
             self.error_norms[lo : lo + len(w)] = (w - rounded).norm(dim=1)
             self.rounded_norms[lo : lo + len(w)] = rounded.norm(dim=1)
-        self._packed = _prepack(codes, scales)
+        self._packed = prepack_w8a8(codes, scales)
         # float32's rounding in a sum of n products, here and in `select`, is at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ|, itself at
         # most the input's L1 norm times the largest weight: twice that, per unit of the input's L1 norm.
         self.rounding_per_l1 = self.in_features * 2.0**-23 * float(weight.detach().abs().max())
@@ -118,8 +119,12 @@ class HeadScreen:
         """How far each screened logit of a row may be from its exact value [V]: the product's error is
         x·(w − ŵ) + (x − x̂)·ŵ, each term at most the product of two L2 norms (Cauchy-Schwarz), plus float32's
         rounding in both paths."""
-        slack = _SLACK_ABS + self.rounding_per_l1 * input_l1
-        return self.error_norms * input_norm + self.rounded_norms * error_norm + slack
+        bounds: torch.Tensor = self.error_norms * input_norm + self.rounded_norms * error_norm + self.slack(input_l1)
+        return bounds
+
+    def slack(self, input_l1: torch.Tensor | float) -> torch.Tensor | float:
+        """float32's rounding, for an input of this L1 norm (a float, or a tensor of them)."""
+        return _SLACK_ABS + self.rounding_per_l1 * input_l1
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def settle_screened(
     best = torch.from_numpy(lines.numpy().argmax(axis=1))  # numpy's: ~4x torch's max over [8, 262,144] here
     best_value = lines[torch.arange(len(rows)), best]
     finite = torch.isfinite(best_value)  # a row that allows nothing backs off: nothing to settle
-    slack = _SLACK_ABS + screen.rounding_per_l1 * input_l1
+    slack = screen.slack(input_l1)
     floor = best_value - (screen.error_norms[best] * input_norm + screen.rounded_norms[best] * error_norm + slack)
     # Every token's bound at once, then the ones that reach the floor: [R, V] in four passes.
     # (numpy's compare and flatnonzero: torch's nonzero over [8, 262,144] took ~10x as long.)
@@ -228,15 +233,6 @@ def outlier_dims(hidden: torch.Tensor, count: int = OUTLIER_DIMS) -> torch.Tenso
     return torch.topk(peaks, min(count, peaks.numel())).indices.sort().values
 
 
-def _prepack(codes: torch.Tensor, scales: torch.Tensor) -> Any:
-    """fbgemm's packed int8 weight (per-channel scales, zero points 0) for `quantized.linear_dynamic`."""
-    with warnings.catch_warnings():  # torch marks its quantized-tensor constructors deprecated; the ops remain
-        warnings.simplefilter("ignore")
-        zero_points = torch.zeros(len(scales), dtype=torch.long)
-        quantized = torch._make_per_channel_quantized_tensor(codes, scales.double(), zero_points, 0)
-        return torch.ops.quantized.linear_prepack(quantized, None)
-
-
 def _exact_product(in_features: int, *, full_range: bool) -> bool:
     """Whether fbgemm's dynamic linear, given integer inputs with the pins `HeadScreen.logits` sets, returns
     their exact integer sums, at the values that overflow 16-bit pair sums (every input at the top of its range
@@ -245,7 +241,7 @@ def _exact_product(in_features: int, *, full_range: bool) -> bool:
     codes = torch.full((4, in_features), 127, dtype=torch.int8)
     codes[2:] = -127
     codes[:, :2] = 0  # the pins' dimensions carry no weight
-    packed = _prepack(codes, torch.ones(4))
+    packed = prepack_w8a8(codes, torch.ones(4))
     inputs = torch.full((2, in_features), half)
     inputs[1] = -half
     inputs[:, 0], inputs[:, 1] = -half, half + 1

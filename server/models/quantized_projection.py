@@ -127,7 +127,7 @@ class QuantizedProjection:
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
             self._codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
             self._scales = scales.to(_ACTIVATION) if quantization == "int8" else scales
-            self._packed = self._codes if quantization == "int8" else _prepack_w8a8(self._codes, scales)
+            self._packed = self._codes if quantization == "int8" else prepack_w8a8(self._codes, scales)
         else:
             self.bits = 4
             groups = w.view(self.out_features, -1, INT4_GROUP)
@@ -224,7 +224,7 @@ class QuantizedProjection:
         return code_bytes + extra
 
 
-def _prepack_w8a8(codes: torch.Tensor, scales: torch.Tensor) -> Any:
+def prepack_w8a8(codes: torch.Tensor, scales: torch.Tensor) -> Any:
     """fbgemm's packed int8 weight (per-channel scales) for `quantized.linear_dynamic`."""
     with warnings.catch_warnings():  # torch marks its quantized-tensor constructors deprecated; the ops remain
         warnings.simplefilter("ignore")
