@@ -119,11 +119,11 @@ class HeadScreen:
         """How far each screened logit of a row may be from its exact value [V]: the product's error is
         x·(w − ŵ) + (x − x̂)·ŵ, each term at most the product of two L2 norms (Cauchy-Schwarz), plus float32's
         rounding in both paths."""
-        bounds: torch.Tensor = self.error_norms * input_norm + self.rounded_norms * error_norm + self.slack(input_l1)
-        return bounds
+        slack = self.slack(torch.tensor(input_l1))
+        return self.error_norms * input_norm + self.rounded_norms * error_norm + slack
 
-    def slack(self, input_l1: torch.Tensor | float) -> torch.Tensor | float:
-        """float32's rounding, for an input of this L1 norm (a float, or a tensor of them)."""
+    def slack(self, input_l1: torch.Tensor) -> torch.Tensor:
+        """float32's rounding, for inputs of these L1 norms."""
         return _SLACK_ABS + self.rounding_per_l1 * input_l1
 
 
