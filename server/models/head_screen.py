@@ -1,21 +1,28 @@
-"""An integer screen in front of the fp16 head, for rows that need only their best token.
+"""Integer screens in front of the fp16 head, for rows that need only their best token.
 
 Gemma 3's head is 262,144 × 640: under `fp16` it is 335 MB a step, and at 8 rows fbgemm's fp16 product is bound
-by arithmetic (~25 ms, half a decode step). An 8-bit integer product (`torch._int_mm`) reads half the bytes and
-takes ~8 ms for a row, ~16 for eight, but its rounding is coarse on Gemma's hidden states (a few dimensions reach
-~70 where most stay under ~9): fbgemm's integer head's argmax differed from fp16's at 14 % of positions of real
-text (docs/changelog.md, fourteenth). So it only screens. A greedy row that reports nothing (no logprobs,
-penalties or biases) needs only the token with the highest logit, and the screen proves which tokens can be it:
+by arithmetic (~25 ms, half a decode step). An 8-bit integer product reads half the bytes, but its rounding is
+coarse on Gemma's hidden states (a few dimensions reach ~70 where most stay under ~9): fbgemm's integer head's
+argmax differed from fp16's at 14 % of positions of real text (docs/changelog.md, fourteenth). So it only
+screens. A greedy row that reports nothing (no logprobs, penalties or biases) needs only the token with the
+highest logit, and a screen proves which tokens can be it:
 
-- the `OUTLIER_DIMS` input dimensions that run largest (found once at load, `calibrated_screen`) are left out of
-  the integer product and added in float32, and each row is rounded to 8 bits with its own step;
 - every screened logit comes with a strict bound on its error, per token j: the L2 norm of row j's weight
   rounding × the input's, plus the L2 norm of the input's rounding (known exactly: the rounding is done here)
-  × row j's rounded weights' (Cauchy-Schwarz on both terms), plus float32's rounding;
+  × row j's weights' (Cauchy-Schwarz on both terms), plus float32's rounding;
 - after the step's masks, only tokens whose screened logit plus bound reaches the best token's screened logit
-  minus its bound can have the best exact logit: those few (tens to hundreds a row on real text) are computed
-  exactly from the fp16 weights (`select`, as a grammar-restricted row's are), and the pick is the fp16 head's.
-  A row with more than `MAX_CANDIDATES` of them gets its full fp16 row instead.
+  minus its bound can have the best exact logit: those few are computed exactly from the fp16 weights
+  (`select`, as a grammar-restricted row's are), and the pick is the fp16 head's. A row with more than
+  `MAX_CANDIDATES` of them gets its full fp16 row instead.
+
+Two screens, by the step's number of screened rows:
+- one row: ggml's 8-bit block product (server/models/block_screen.py), the input rounded per 32 values;
+- several: `HeadScreen`, fbgemm's integer product, which reads each weight once for all the rows. Each row is
+  rounded to 8 bits with its own step, and the `OUTLIER_DIMS` input dimensions that run largest (found once at
+  load, `calibrated_screen`) are left out of it and added in float32. Only where fbgemm's 8-bit sums are exact
+  (VNNI's 32-bit sums): on AVX2 it must round inputs to 7 bits, and then its bounds let through a median of 17
+  and a 90th percentile of 5,535 candidates a row on real text (against 3 and 38 for the block screen), and
+  serving 8 streams with it was slower than without (59-68 against 75-77 tokens/s, Gemma 3 on an AMD EPYC).
 
 Sampled rows, rows that report logprobs, and rows picked before their mask (lazy masks) keep the fp16 head.
 `CORRAL_HEAD_SCREEN=off` serves every row through the fp16 head (for comparisons).
@@ -50,10 +57,35 @@ def head_screen_enabled() -> bool:
     return os.environ.get(SWITCH_ENV, "on").strip().lower() != "off"
 
 
+class Screen(Protocol):
+    """A screen of one fp16 head: approximate logits, and per token what their bounds are made of."""
+
+    error_norms: torch.Tensor  # [V] L2 norm of each token's weights' rounding (times the input's norm)
+    rounded_norms: torch.Tensor  # [V] L2 norm of the weights the input's rounding meets (times its norm)
+    rounding_per_l1: float
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+    def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def slack(self, input_l1: torch.Tensor) -> torch.Tensor: ...
+
+
+def float_slack(rounding_per_l1: float, input_l1: torch.Tensor) -> torch.Tensor:
+    """float32's rounding in a screened logit and in its exact value, for inputs of these L1 norms."""
+    return _SLACK_ABS + rounding_per_l1 * input_l1
+
+
 class HeadScreen:
-    """The integer screen of one fp16 head [vocab, in_features] (its weights as the fp16 head holds them)."""
+    """The integer screen of one fp16 head [vocab, in_features] (its weights as the fp16 head holds them), for
+    steps of several rows. Raises ValueError where fbgemm's 8-bit integer sums are not exact."""
 
     def __init__(self, weight: torch.Tensor, outliers: torch.Tensor) -> None:
+        # 8-bit inputs need fbgemm's integer sums exact at full range (VNNI's 32-bit sums); AVX2 adds pairs of
+        # u8 × s8 products in 16 bits, which full-range inputs overflow. The bounds rest on it.
+        if not exact_product(int(weight.shape[1])):
+            raise ValueError("fbgemm's 8-bit integer sums are not exact on this CPU (AVX2 without VNNI)")
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.outliers = outliers.to(torch.long)
         self._inside = torch.ones(self.in_features, dtype=torch.float32)
@@ -82,12 +114,6 @@ class HeadScreen:
         # Two outlier dimensions (zero weights in the pack) carry the grid's ends, so that fbgemm's rounding of
         # the call's input, whose step and zero point it takes from the input's range, keeps it as it is.
         self._pins = self.outliers[:2]
-        # 8-bit inputs where fbgemm's integer sums are exact at full range (VNNI's 32-bit sums), else 7-bit (AVX2
-        # adds pairs of u8 × s8 products in 16 bits, which full-range inputs overflow); the bounds rest on it.
-        self._full_range = _exact_product(self.in_features, full_range=True)
-        self._half = 127.0 if self._full_range else 63.0
-        if not self._full_range and not _exact_product(self.in_features, full_range=False):
-            raise ValueError("fbgemm's integer product does not pass exact integers through here")
         self.max_error_norm = float(self.error_norms.max())
         self.max_rounded_norm = float(self.rounded_norms.max())
 
@@ -99,18 +125,18 @@ class HeadScreen:
     def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Screened logits [R, V] of x [R, in_features]; for each row, the L2 norms of its input over the
         dimensions the integer product covers and of that input's rounding. Each row is rounded here to
-        integers in -127..127 (-63..63 at 7 bits) with its own step, so its rounding error is known exactly.
-        fbgemm's dynamic linear rounds a call's input to 0..255 (0..127) with one step and zero point from its
-        range: with two zero-weight dimensions pinned at -127 and 128 (-63 and 64) that range gives a step of
+        integers in -127..127 with its own step, so its rounding error is known exactly.
+        fbgemm's dynamic linear rounds a call's input to 0..255 with one step and zero point from its
+        range: with two zero-weight dimensions pinned at -127 and 128 that range gives a step of
         exactly 1, so the integers pass through unchanged, and the product is exact integer sums times each
         row's scale."""
         x = x.float()
         inner = x * self._inside
-        step = inner.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self._half
+        step = inner.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
         codes = torch.round(inner / step)
-        codes[:, self._pins[0]] = -self._half
-        codes[:, self._pins[1]] = self._half + 1
-        product: torch.Tensor = torch.ops.quantized.linear_dynamic(codes, self._packed, not self._full_range)
+        codes[:, self._pins[0]] = -127.0
+        codes[:, self._pins[1]] = 128.0
+        product: torch.Tensor = torch.ops.quantized.linear_dynamic(codes, self._packed, False)
         codes[:, self._pins] = 0.0
         product.mul_(step).addmm_(x[:, self.outliers], self._outlier_weight.t())
         return product, inner.norm(dim=1), (inner - codes * step).norm(dim=1)
@@ -124,13 +150,14 @@ class HeadScreen:
 
     def slack(self, input_l1: torch.Tensor) -> torch.Tensor:
         """float32's rounding, for inputs of these L1 norms."""
-        return _SLACK_ABS + self.rounding_per_l1 * input_l1
+        return float_slack(self.rounding_per_l1, input_l1)
 
 
 @dataclass(frozen=True)
 class ScreenedRows:
-    """The rows of a step's logits that came from the screen, with what their bounds need."""
+    """The rows of a step's logits that came from a screen, with what their bounds need."""
 
+    screen: Screen
     rows: list[int]
     input_norms: list[float]
     error_norms: list[float]
@@ -145,18 +172,17 @@ class ExactHead(Protocol):
     def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor: ...
 
 
-def screen_rows(screen: HeadScreen, hidden: torch.Tensor, rows: list[int], logits: torch.Tensor) -> ScreenedRows:
+def screen_rows(screen: Screen, hidden: torch.Tensor, rows: list[int], logits: torch.Tensor) -> ScreenedRows:
     """Write the screened logits of `rows` of hidden [B, in_features] into logits [B, V]."""
     index = torch.tensor(rows, dtype=torch.long)
     picked = hidden.index_select(0, index)
     values, input_norms, error_norms = screen.logits(picked)
     logits.index_copy_(0, index, values)
     l1 = picked.float().abs().sum(dim=1)
-    return ScreenedRows(rows, input_norms.tolist(), error_norms.tolist(), l1.tolist())
+    return ScreenedRows(screen, rows, input_norms.tolist(), error_norms.tolist(), l1.tolist())
 
 
 def settle_screened(
-    screen: HeadScreen,
     head: ExactHead,
     logits: torch.Tensor,
     hidden: torch.Tensor,
@@ -168,6 +194,7 @@ def settle_screened(
     minus its bound; a token whose value plus bound is below that cannot be the best, and keeps its screened
     value (which is lower still). A row with too many candidates gets its whole fp16 row, masked as it was;
     those rows are returned, to be refined as any row the fp16 head computed."""
+    screen = screened.screen
     wanted_rows = set(wanted)
     picked = [i for i, row in enumerate(screened.rows) if row in wanted_rows]
     if not picked:
@@ -209,7 +236,10 @@ def calibrated_screen(
     """The screen of `weight`, its outlier dimensions found from the final hidden states the decoder gives a
     fixed run of pseudo-random tokens (`hidden_of(ids, attend)`, attention causal over the run itself): the
     dimensions that run large do so whatever the text (on Gemma 3, 10 of the 12 largest on prose were among the
-    16 found this way). None where fbgemm's integer sums are not exact."""
+    16 found this way). None where fbgemm's 8-bit integer sums are not exact (checked first)."""
+    if not exact_product(int(weight.shape[1])):
+        log.info("no integer screen for steps of several rows: fbgemm's 8-bit sums are not exact on this CPU")
+        return None
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (CALIBRATION_TOKENS,), generator=generator)
 
@@ -233,18 +263,17 @@ def outlier_dims(hidden: torch.Tensor, count: int = OUTLIER_DIMS) -> torch.Tenso
     return torch.topk(peaks, min(count, peaks.numel())).indices.sort().values
 
 
-def _exact_product(in_features: int, *, full_range: bool) -> bool:
-    """Whether fbgemm's dynamic linear, given integer inputs with the pins `HeadScreen.logits` sets, returns
-    their exact integer sums, at the values that overflow 16-bit pair sums (every input at the top of its range
-    against weights of 127, and the opposite signs)."""
-    half = 127.0 if full_range else 63.0
+def exact_product(in_features: int) -> bool:
+    """Whether fbgemm's dynamic linear, given 8-bit integer inputs with the pins `HeadScreen.logits` sets,
+    returns their exact integer sums, at the values that overflow 16-bit pair sums (every input at the top of its
+    range against weights of 127, and the opposite signs)."""
     codes = torch.full((4, in_features), 127, dtype=torch.int8)
     codes[2:] = -127
     codes[:, :2] = 0  # the pins' dimensions carry no weight
     packed = prepack_w8a8(codes, torch.ones(4))
-    inputs = torch.full((2, in_features), half)
-    inputs[1] = -half
-    inputs[:, 0], inputs[:, 1] = -half, half + 1
+    inputs = torch.full((2, in_features), 127.0)
+    inputs[1] = -127.0
+    inputs[:, 0], inputs[:, 1] = -127.0, 128.0
     expected = inputs.double() @ codes.double().t()
-    got = torch.ops.quantized.linear_dynamic(inputs, packed, not full_range)
+    got = torch.ops.quantized.linear_dynamic(inputs, packed, False)
     return bool(torch.equal(got.double(), expected))

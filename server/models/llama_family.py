@@ -29,14 +29,7 @@ import torch.nn.functional as F
 from server.models.checkpoint import iter_tensors
 from server.models.ggml_layers import GgmlLayerSteps, StepShape
 from server.models.gguf_blocks import QuantBlocks
-from server.models.head_screen import (
-    HeadScreen,
-    ScreenedRows,
-    calibrated_screen,
-    head_screen_enabled,
-    screen_rows,
-    settle_screened,
-)
+from server.models.head_screen import ScreenedRows, head_screen_enabled, screen_rows, settle_screened
 from server.models.layer_kernels import layer_parts
 from server.models.logit_refinement import refine_near_top
 from server.models.projection import Projection
@@ -48,6 +41,7 @@ from server.models.quantized_projection import (
     quantizable,
 )
 from server.models.row_kernel import LAYER_MAX_ROWS, layer_graphs_available
+from server.models.screens import HeadScreens, head_screens
 from server.models.split_projection import SplitProjection, head_projection
 
 log = logging.getLogger(__name__)
@@ -314,18 +308,18 @@ class LlamaFamilyModel(torch.nn.Module):
         self.rope_scales = [ropes[t][1] for t in self.rope_types]
         self.layer_steps = self._layer_graphs()
         screened = quantization == "fp16" and self.embed.device.type == "cpu" and head_screen_enabled()
-        self.screen = self._calibrated_screen(self.embed if head is None else head) if screened else None
+        self.screens = self._head_screens(self.embed if head is None else head) if screened else None
         self._screened: ScreenedRows | None = None
 
     @torch.inference_mode()
-    def _calibrated_screen(self, weight: torch.Tensor) -> HeadScreen | None:
-        """The integer screen for rows that need only their best token (server/models/head_screen.py)."""
+    def _head_screens(self, weight: torch.Tensor) -> HeadScreens:
+        """The screens for rows that need only their best token (server/models/screens.py)."""
 
         def hidden_of(ids: torch.Tensor, attend: Attend) -> torch.Tensor:
             every = torch.arange(len(ids))
             return self.hidden(ids, every, every, attend)
 
-        return calibrated_screen(weight, int(weight.shape[0]), hidden_of, self.shape.attn_scale)
+        return head_screens(weight, hidden_of, self.shape.attn_scale)
 
     def _layer_graphs(self) -> GgmlLayerSteps | None:
         """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
@@ -353,9 +347,10 @@ class LlamaFamilyModel(torch.nn.Module):
         if self.blocks is not None:
             tied = "lm_head.weight" not in self.blocks
             return sum(b.data.nbytes for name, b in self.blocks.items() if tied or name != _EMBED)
-        # A greedy row's head is the screen (and a few exact outputs), the step's largest read.
-        projections: list[Any] = [self.head] if self.screen is None else []
-        total = 0 if self.screen is None else self.screen.weight_bytes
+        # A greedy row's head is a screen (and a few exact outputs), the step's largest read.
+        screened = None if self.screens is None else self.screens.one_row_bytes
+        projections: list[Any] = [self.head] if screened is None else []
+        total = screened or 0
         for layer in self.layers:
             assert isinstance(layer, _Layer)
             projections += [layer.qkv, layer.o, layer.gate_up, layer.down]
@@ -423,14 +418,17 @@ class LlamaFamilyModel(torch.nn.Module):
         """Float32 logits [B, vocab] where row r in `allowed` gets only its allowed token ids computed (the
         rest -inf, as its grammar mask would set them) and every other row the full projection; rows in
         `best_only` (that need only their best token) the screen's, settled exactly by `refine`."""
-        screened = [row for row in best_only if row not in allowed] if self.screen is not None else []
+        screened = [row for row in best_only if row not in allowed]
+        screen = None if self.screens is None else self.screens.for_rows(len(screened))
+        if screen is None:
+            screened = []
         self._screened = None
         if not allowed and not screened:
             return self.head(hidden).float()
         batch = hidden.shape[0]
         logits = torch.full((batch, self.head.out_features), float("-inf"), device=hidden.device)
-        if self.screen is not None and screened:
-            self._screened = screen_rows(self.screen, hidden, screened, logits)
+        if screen is not None and screened:
+            self._screened = screen_rows(screen, hidden, screened, logits)
         full = [row for row in range(batch) if row not in allowed and row not in screened]
         if full:
             index = torch.tensor(full, device=hidden.device)
@@ -447,8 +445,8 @@ class LlamaFamilyModel(torch.nn.Module):
         """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
         head's kernel rounds them (server/models/logit_refinement.py); `hidden` gave `logits`. Screened rows
         get their candidates' exact logits instead (server/models/head_screen.py)."""
-        if self.screen is not None and self._screened is not None:
-            full = settle_screened(self.screen, self.head, logits, hidden, self._screened, rows)
+        if self._screened is not None:
+            full = settle_screened(self.head, logits, hidden, self._screened, rows)
             screened = set(self._screened.rows) - set(full)
             depths = [d for row, d in zip(rows, depths, strict=True) if row not in screened]
             rows = [row for row in rows if row not in screened]

@@ -101,14 +101,19 @@ class _Shape:
     """The graph for one number of rows: its input and output in ggml's memory, seen as torch tensors, and
     its plans."""
 
-    def __init__(self, weight: Any, in_features: int, out_features: int, rows: int) -> None:
+    def __init__(self, weight: Any, in_features: int, out_features: int, rows: int, input_type: int) -> None:
         size = (in_features + out_features) * rows * 4 + 3 * _ggml.ggml_tensor_overhead() + _ggml.ggml_graph_overhead()
         self.ctx: Any = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size + 4096, mem_buffer=None, no_alloc=False))
         if not self.ctx:
             raise MemoryError(f"ggml could not allocate {size} bytes for a {rows}-row product")
-        ggml_input = _ggml.ggml_new_tensor_2d(self.ctx, _ggml.GGML_TYPE_F32, in_features, rows)
+        ggml_input = _ggml.ggml_new_tensor_2d(self.ctx, input_type, in_features, rows)
         ggml_output = _ggml.ggml_mul_mat(self.ctx, weight, ggml_input)  # the weight lives in the kernel's context
-        self.input = torch.from_numpy(_ggml_utils.to_numpy(ggml_input)).view(rows, in_features)
+        if input_type == _ggml.GGML_TYPE_F32:
+            self.input = torch.from_numpy(_ggml_utils.to_numpy(ggml_input)).view(rows, in_features)
+        else:  # the input's blocks as raw bytes, one row of blocks per input row
+            row_bytes = int(_ggml.ggml_row_size(input_type, in_features))
+            raw = (ctypes.c_uint8 * (row_bytes * rows)).from_address(_ggml.ggml_get_data(ggml_input))
+            self.input = torch.frombuffer(raw, dtype=torch.uint8).view(rows, row_bytes)
         self.output = torch.from_numpy(_ggml_utils.to_numpy(ggml_output)).view(rows, out_features)
         graph = _ggml.ggml_new_graph(self.ctx)
         _ggml.ggml_build_forward_expand(graph, ggml_output)
@@ -124,9 +129,11 @@ class RowKernel:
     """y = x Wᵀ for x [rows, in_features] (float32, 1 <= rows <= max_rows), W held by ggml in fp16. Owns its
     ggml contexts: the weight's, and one small one per number of rows it has served."""
 
-    def __init__(self, weight: torch.Tensor | QuantBlocks, max_rows: int = 1) -> None:
+    def __init__(self, weight: torch.Tensor | QuantBlocks, max_rows: int = 1, input_blocks: bool = False) -> None:
         """weight: a float weight [out_features, in_features], held in fp16; or a GGUF's quantized blocks,
-        held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does)."""
+        held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does).
+        input_blocks: Q8_0 weights take their input already in Q8_0 blocks (raw bytes [rows, row bytes]), as
+        the caller rounded it, instead of float32 for ggml to round."""
         if _ggml is None or _ggml_utils is None:
             raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
         if isinstance(weight, QuantBlocks):
@@ -135,6 +142,9 @@ class RowKernel:
             out_features, in_features = (int(d) for d in weight.shape)
             kind = _ggml.GGML_TYPE_F16
         self.out_features, self.in_features, self.max_rows = out_features, in_features, max_rows
+        if input_blocks and kind != _ggml.GGML_TYPE_Q8_0:
+            raise ValueError("only Q8_0 weights take their input as blocks")
+        self._input_type = _ggml.GGML_TYPE_Q8_0 if input_blocks else _ggml.GGML_TYPE_F32
         size = int(_ggml.ggml_row_size(kind, in_features)) * out_features + _ggml.ggml_tensor_overhead() + 4096
         self._ctx: Any = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
         if not self._ctx:
@@ -159,7 +169,8 @@ class RowKernel:
         return self._weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """[rows, out_features] float32 for x [rows, in_features], on as many threads as torch uses here."""
+        """[rows, out_features] float32 for x [rows, in_features] (or, for `input_blocks`, x's Q8_0 bytes), on as
+        many threads as torch uses here."""
         rows = int(x.shape[0])
         if not self.takes(rows):
             raise ValueError(f"this kernel takes 1 to {self.max_rows} rows, not {rows}")
@@ -167,7 +178,8 @@ class RowKernel:
         with _compute_lock:
             shape = self._shapes.get(rows)
             if shape is None:
-                shape = self._shapes[rows] = _Shape(self._weight, self.in_features, self.out_features, rows)
+                shape = self._shapes[rows] = _Shape(self._weight, self.in_features, self.out_features, rows,
+                                                     self._input_type)
             shape.input.copy_(x)
             shape.plan.compute(threads)
             return shape.output.clone()

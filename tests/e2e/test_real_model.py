@@ -19,6 +19,8 @@ from conftest import RunningServer, serving
 from pydantic import BaseModel, ConfigDict
 
 from mediation import Mediator, OutputSchema
+from server.models.block_screen import block_screen_available
+from server.models.head_screen import exact_product
 
 MODEL = "gemma-3-270m"
 
@@ -136,12 +138,18 @@ def test_models_names_the_real_model(gemma: RunningServer) -> None:
     assert [m["id"] for m in listed["data"]] == [MODEL]
     # Gemma 3 270M's projections and head (268,042,240 of its 268,098,176 weights; the rest are norms), in fp16
     # (`--quantization auto` for a model from a GGUF): two bytes a weight; activations stay float32. What a
-    # greedy step reads: the layers' fp16 and the head's integer screen (server/models/head_screen.py), a byte a
-    # weight plus a float32 scale and 16 float32 outlier weights per token of the 262,144 x 640 head.
+    # greedy step of one row reads: the layers' fp16 and a screen of the 262,144 x 640 head
+    # (server/models/screens.py): with ggml, its Q8_0 blocks (34 bytes per 32 weights); else, where fbgemm's
+    # 8-bit sums are exact, its integer screen (a byte a weight, a float32 scale and 16 float32 outlier weights
+    # per token); else the fp16 head itself.
     model = listed["data"][0]
     assert (model["dtype"], model["quantization"]) == ("float32", "fp16")
     vocab, width = 262_144, 640
-    assert model["weight_bytes"] == 2 * (268_042_240 - vocab * width) + vocab * (width + 4 + 4 * 16)
+    if block_screen_available(width):
+        head = vocab * width // 32 * 34
+    else:
+        head = vocab * (width + 4 + 4 * 16) if exact_product(width) else 2 * vocab * width
+    assert model["weight_bytes"] == 2 * (268_042_240 - vocab * width) + head
 
 
 def test_chat_answers_in_words(gemma: RunningServer) -> None:
