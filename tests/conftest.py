@@ -10,14 +10,19 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:  # the engine loads torch; the settings below must come first
+    from server.engine import Engine
+    from server.engine import Sequence as Seq
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCH = REPO.parent / "shared" / "jsonschemabench"
@@ -30,6 +35,15 @@ os.environ.setdefault("CORRAL_CACHE_DIR", str(Path.home() / ".cache" / "corral")
 os.environ.setdefault("CORRAL_MODEL", "corral-tiny")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) -> None:
+    """Step `engine` until every one of `seqs` has finished; fails after `max_steps` steps."""
+    for _ in range(max_steps):
+        if all(s.is_finished for s in seqs):
+            return
+        engine.step()
+    raise AssertionError("sequences did not finish")
 
 
 def run_bench(command: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from server.models.gguf_blocks import QuantBlocks
-from server.models.head_screen import float_slack
+from server.models.head_screen import float_rounding_per_l1, float_slack
 from server.models.row_kernel import RowKernel, ggml_modules, row_kernel_available
 
 BLOCK = 32  # values per Q8_0 block, each block 2 bytes of fp16 scale then 32 int8 codes
@@ -68,7 +68,7 @@ class BlockScreen:
             raw[lo : lo + len(w)] = blocks
             self.error_norms[lo : lo + len(w)] = (rounded - w).norm(dim=1)
             self.rounded_norms[lo : lo + len(w)] = w.norm(dim=1)
-        self.rounding_per_l1 = self.in_features * 2.0**-23 * float(weight.detach().abs().max())
+        self.rounding_per_l1 = float_rounding_per_l1(weight)
         self._bytes = raw.numel()
         blocks_of = QuantBlocks(raw.numpy(), int(ggml.GGML_TYPE_Q8_0), "Q8_0", vocab, self.in_features)
         self._kernel = RowKernel(blocks_of, max_rows=1, input_blocks=True)

@@ -72,6 +72,12 @@ class Screen(Protocol):
     def slack(self, input_l1: torch.Tensor) -> torch.Tensor: ...
 
 
+def float_rounding_per_l1(weight: torch.Tensor) -> float:
+    """float32's rounding in a sum of n products, in a screen and in `select`, is at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ|,
+    itself at most the input's L1 norm times the largest weight: twice that, per unit of the input's L1 norm."""
+    return int(weight.shape[1]) * 2.0**-23 * float(weight.detach().abs().max())
+
+
 def float_slack(rounding_per_l1: float, input_l1: torch.Tensor) -> torch.Tensor:
     """float32's rounding in a screened logit and in its exact value, for inputs of these L1 norms."""
     return _SLACK_ABS + rounding_per_l1 * input_l1
@@ -108,14 +114,10 @@ class HeadScreen:
             self.error_norms[lo : lo + len(w)] = (w - rounded).norm(dim=1)
             self.rounded_norms[lo : lo + len(w)] = rounded.norm(dim=1)
         self._packed = prepack_w8a8(codes, scales)
-        # float32's rounding in a sum of n products, here and in `select`, is at most ~n·2⁻²⁴ of Σ|xᵢ·wᵢⱼ|, itself at
-        # most the input's L1 norm times the largest weight: twice that, per unit of the input's L1 norm.
-        self.rounding_per_l1 = self.in_features * 2.0**-23 * float(weight.detach().abs().max())
+        self.rounding_per_l1 = float_rounding_per_l1(weight)
         # Two outlier dimensions (zero weights in the pack) carry the grid's ends, so that fbgemm's rounding of
         # the call's input, whose step and zero point it takes from the input's range, keeps it as it is.
         self._pins = self.outliers[:2]
-        self.max_error_norm = float(self.error_norms.max())
-        self.max_rounded_norm = float(self.rounded_norms.max())
 
     @property
     def weight_bytes(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import run_until_done
 
 from grammars.spec import GrammarSpec
 from samplers.compilation import GrammarCache
@@ -175,11 +176,7 @@ def _greedy_answers(monkeypatch: pytest.MonkeyPatch, screen: str, together: bool
     for group in [seqs] if together else [[seq] for seq in seqs]:
         for seq in group:
             engine.add_request(seq)
-        for _ in range(200):
-            if all(s.is_finished for s in group):
-                break
-            engine.step()
-    assert all(s.is_finished for s in seqs)
+        run_until_done(engine, group, max_steps=200)
     return [s.text for s in seqs], used
 
 

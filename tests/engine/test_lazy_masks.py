@@ -4,6 +4,7 @@ changes nothing but how many masks are filled (server/engine/lazy_masks.py)."""
 from __future__ import annotations
 
 import pytest
+from conftest import run_until_done
 
 from grammars.contract import validate_output
 from grammars.spec import GrammarSpec
@@ -44,11 +45,7 @@ def generate(
                        matcher=impl.new_matcher(compiled.compiled), backend=impl)
         engine.add_request(seq)
         seqs.append(seq)
-    for _ in range(600):
-        if all(s.is_finished for s in seqs):
-            break
-        engine.step()
-    assert all(s.is_finished for s in seqs)
+    run_until_done(engine, seqs, max_steps=600)
     return seqs
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_until_done
 
 from grammars.spec import GrammarSpec
 from samplers.compilation import GrammarCache
@@ -100,11 +101,7 @@ def _decode(
         seq.matcher, seq.backend = backend.new_matcher(compiled.compiled), backend
         engine.add_request(seq)
         seqs.append(seq)
-    for _ in range(400):
-        if all(s.is_finished for s in seqs):
-            break
-        engine.step()
-    assert all(s.is_finished for s in seqs)
+    run_until_done(engine, seqs, max_steps=400)
     return [(s.output_ids, s.finish_reason, s.logprobs) for s in seqs], sum(cut_rows)
 
 

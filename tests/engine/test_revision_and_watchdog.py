@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TOKENIZER_FAMILIES
+from conftest import TOKENIZER_FAMILIES, run_until_done
 
 from grammars.spec import GrammarSpec
 from samplers.compilation import GrammarCache
@@ -49,14 +49,6 @@ def new_seq(loaded: LoadedModel, rid: str, **params: Any) -> tuple[Seq, list[Seq
         sink=outputs.append,
     )
     return seq, outputs
-
-
-def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) -> None:
-    for _ in range(max_steps):
-        if all(s.is_finished for s in seqs):
-            return
-        engine.step()
-    raise AssertionError("sequences did not finish")
 
 
 def fresh_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:
