@@ -30,6 +30,8 @@ class _KeyState:
     visits: int = 0
     last_explored: dict[int, int] = field(default_factory=dict)
     rechecked: set[int] = field(default_factory=set)  # re-tried now: their next time replaces a stale average
+    # Visits between re-tries of each losing count: doubled each time a re-try finds it far slower still.
+    intervals: dict[int, int] = field(default_factory=dict)
 
 
 class ThreadTuner:
@@ -37,10 +39,20 @@ class ThreadTuner:
     tokens). Each choice is tried `warmup` times first; then the one with the lowest moving average runs,
     and each other one is re-tried every `explore_every` visits so a change in the machine's load is seen: a
     re-try's time replaces that count's stale average (if it wins by noise, the forwards it then runs correct
-    the average within a few steps)."""
+    the average within a few steps). A re-try that finds its count far slower still (by `far_slower`: one
+    thread against two on Gemma 3 at one row, ~49 against ~28 ms) doubles that count's interval, up to
+    `max_backoff` times `explore_every`, since each such re-try costs a step its difference; one that comes
+    close or wins resets it. The winner's own slowdown needs no re-try: its average rises as it runs."""
 
     def __init__(
-        self, choices: Sequence[int], *, warmup: int = 2, explore_every: int = 32, smoothing: float = 0.3
+        self,
+        choices: Sequence[int],
+        *,
+        warmup: int = 2,
+        explore_every: int = 32,
+        smoothing: float = 0.3,
+        far_slower: float = 1.25,
+        max_backoff: int = 8,
     ) -> None:
         if not choices or any(c < 1 for c in choices):
             raise ValueError(f"thread choices must be positive counts, got {list(choices)}")
@@ -48,6 +60,8 @@ class ThreadTuner:
         self.warmup = warmup
         self.explore_every = explore_every
         self.smoothing = smoothing
+        self.far_slower = far_slower
+        self.max_backoff = max_backoff
         self._keys: dict[Hashable, _KeyState] = {}
 
     def choose(self, key: Hashable) -> int:
@@ -62,7 +76,8 @@ class ThreadTuner:
                 return choice
         best = self.best(key)
         for choice in self.choices:
-            if choice != best and state.visits - state.last_explored.get(choice, 0) >= self.explore_every:
+            interval = state.intervals.get(choice, self.explore_every)
+            if choice != best and state.visits - state.last_explored.get(choice, 0) >= interval:
                 state.last_explored[choice] = state.visits
                 state.rechecked.add(choice)
                 return choice
@@ -76,7 +91,9 @@ class ThreadTuner:
         before = self.best(key) if watched else None
         arm = state.arms[threads]
         fresh = arm.samples == 0 or threads in state.rechecked
-        state.rechecked.discard(threads)
+        if threads in state.rechecked:
+            state.rechecked.discard(threads)
+            self._back_off(state, threads, ms)
         arm.mean_ms = ms if fresh else arm.mean_ms + self.smoothing * (ms - arm.mean_ms)
         arm.samples += 1
         if not watched:
@@ -84,6 +101,16 @@ class ThreadTuner:
         after = self.best(key)
         if after != before and all(a.samples >= self.warmup for a in state.arms.values()):
             log.debug("forwards %s now run on %d threads (ms by count: %s)", key, after, self.snapshot()[str(key)])
+
+    def _back_off(self, state: _KeyState, threads: int, ms: float) -> None:
+        """After a re-try of `threads` took `ms`: wait longer before the next one if it was far slower than the
+        best of the others, else go back to `explore_every`."""
+        others = [a.mean_ms for c, a in state.arms.items() if c != threads and a.samples]
+        if others and ms >= self.far_slower * min(others):
+            doubled = 2 * state.intervals.get(threads, self.explore_every)
+            state.intervals[threads] = min(doubled, self.max_backoff * self.explore_every)
+        else:
+            state.intervals.pop(threads, None)
 
     def best(self, key: Hashable) -> int:
         """The choice with the lowest average so far for `key` (the first choice before any measurement)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -29,9 +30,25 @@ def test_each_count_is_measured_first_then_the_faster_one_runs() -> None:
     chosen = _run(tuner, "k", {1: 70.0, 2: 50.0}, 40)
     assert chosen[:4].count(1) == 2 and chosen[:4].count(2) == 2
     assert tuner.best("k") == 2
-    later = chosen[4:]
-    assert later.count(1) == 4  # only the periodic re-checks, at visits 10, 20, 30 and 40
-    assert later.count(2) == len(later) - later.count(1)
+    # Then only re-checks of one thread: at visit 10, and, since it was far slower (70 >= 1.25 x 50), 20 later.
+    assert [visit for visit, threads in enumerate(chosen, 1) if threads == 1 and visit > 4] == [10, 30]
+
+
+def test_re_checks_of_a_far_slower_count_back_off_to_a_limit_and_reset_when_it_comes_close() -> None:
+    """Each re-check costs a forward its difference (one thread against two on Gemma 3 at one row: ~49
+    against ~28 ms), so a count that stays far slower is re-tried ever more rarely, though at least every
+    `max_backoff` x `explore_every` visits; one that comes within `far_slower` is re-tried at the base rate."""
+    tuner = ThreadTuner((1, 2), warmup=1, explore_every=10, max_backoff=4)
+    chosen = _run(tuner, "k", {1: 49.0, 2: 28.0}, 300)
+    rechecks = [visit for visit, threads in enumerate(chosen, 1) if threads == 1 and visit > 2]
+    assert rechecks[:4] == [10, 30, 70, 110]  # intervals 20, 40, then the limit: 40
+    assert all(b - a == 40 for a, b in itertools.pairwise(rechecks[2:]))
+    close = ThreadTuner((1, 2), warmup=1, explore_every=10, max_backoff=4)
+    chosen = _run(close, "k", {1: 30.0, 2: 28.0}, 100)
+    assert [v for v, t in enumerate(chosen, 1) if t == 1 and v > 2] == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    # A backed-off count that becomes the faster one is found at its next re-check and then runs.
+    later = _run(tuner, "k", {1: 20.0, 2: 28.0}, 40)
+    assert later[-5:] == [1] * 5 and tuner.best("k") == 1
 
 
 def test_a_count_that_becomes_slow_is_left_and_the_other_re_checked() -> None:
