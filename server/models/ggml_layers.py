@@ -25,6 +25,7 @@ frequencies (as ggml frequency factors), so scaled variants need nothing of thei
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ from typing import Any, Protocol, cast
 import torch
 
 from server.models.decode_layout import DecodeCache, DecodeLayout
-from server.models.row_kernel import GraphPlan, RowKernel, ggml_modules
+from server.models.row_kernel import GraphPlan, RowKernel, ggml_modules, llamafile_built
+
+log = logging.getLogger(__name__)
 
 _ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
@@ -392,6 +395,9 @@ class GgmlLayerSteps:
     ) -> None:
         """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale."""
         self.shape, self.layers, self.max_tokens, self.final_norm = shape, list(layers), max_tokens, final_norm
+        if not llamafile_built():
+            log.warning("ggml was built without llamafile's tinyBLAS: decode steps of several rows run ~20 %% "
+                        "slower; rebuild it as the Makefile does (CMAKE_ARGS=-DGGML_LLAMAFILE=ON)")
         gains: list[torch.Tensor] = [final_norm]
         for part in self.layers:
             optional = [part.qkv_bias, part.qk_norm_gain, part.o_bias, part.attn_out_norm, part.gate_up_bias]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from server.models.quantized_projection import QuantizedProjection
-from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, row_kernel_available
+from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, llamafile_built, row_kernel_available
 from server.models.split_projection import SplitProjection
 
 pytestmark = pytest.mark.skipif(
@@ -33,6 +33,21 @@ def test_a_row_is_the_fp16_product_of_its_fp16_input() -> None:
     out = RowKernel(weight)(x)
     assert out.shape == (1, 1536) and out.dtype == torch.float32
     _close_to_fp16_product(out, x, weight)
+
+
+def test_make_install_builds_ggml_with_llamafiles_tiles() -> None:
+    """The Makefile builds the ggml extra with llamafile's tinyBLAS (the package's own build leaves it off), so
+    steps of several rows get its tiles: a venv built before that, or a wheel from pip's cache, fails here."""
+    assert llamafile_built(), "ggml lacks llamafile's tinyBLAS: rebuild it with `make install` (see the Makefile)"
+
+
+def test_several_rows_are_the_fp16_product_on_llamafiles_tiles() -> None:
+    """8 and 16 rows go through tinyBLAS's tiles (one row through ggml's dot product): the same product."""
+    weight = _weight(2048, 640, seed=7)
+    kernel = RowKernel(weight, max_rows=16)
+    for rows in (1, 3, 8, 16):
+        x = torch.randn(rows, 640, generator=torch.Generator().manual_seed(rows))
+        _close_to_fp16_product(kernel(x), x, weight)
 
 
 def test_each_call_reads_its_own_input_and_returns_its_own_output() -> None:
