@@ -226,6 +226,7 @@ class Engine:
         seq.stats.last_token = now
         seq.stats.token_times.append(now)
         if token in self.stop_ids and (seq.matcher is not None or not seq.params.ignore_eos):
+            seq.stats.stop_sampled = True
             self._finish(seq, "stop")
             return
         matcher = seq.matcher

@@ -37,6 +37,7 @@ class SeqStats:
     forced_tokens: int = 0
     closing_tokens: int = 0  # the grammar's completion that closed the answer early, if it was
     sampled_tokens: int = 0
+    stop_sampled: bool = False  # the answer ended on a sampled stop token (a step that added no output token)
 
 
 @dataclass

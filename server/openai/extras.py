@@ -21,7 +21,7 @@ def response_extras(done: Finished) -> dict[str, Any]:
         "queue_ms": _ms(stats.arrival, stats.scheduled),
         "compile_ms": round(compiled.compile_ms, 3) if compiled else 0.0,
         "ttft_ms": _ms(stats.arrival, first),
-        "tpot_ms": round((end - first) * 1000 / (generated - 1), 3) if first and generated > 1 else None,
+        "tpot_ms": _tpot_ms(first, end, generated + stats.stop_sampled),
         "mask_us_p50": round(_quantile(masks, 0.5), 1) if masks else None,
         "mask_us_p99": round(_quantile(masks, 0.99), 1) if masks else None,
         "forward_ms_mean": round(sum(stats.forward_ms) / len(stats.forward_ms), 3) if stats.forward_ms else None,
@@ -62,6 +62,13 @@ def response_extras(done: Finished) -> dict[str, Any]:
             "failure": seq.trip,
         }
     return {"timings": timings, "grammar": grammar}
+
+
+def _tpot_ms(first: float | None, end: float, tokens: int) -> float | None:
+    """Time per output token after the first. A stop token the model sampled counts as one (as vLLM counts
+    it): it took a step like any other, and leaving it out charged a short answer for a step it did not count
+    (a 3-token answer ending on it by half again)."""
+    return round((end - first) * 1000 / (tokens - 1), 3) if first and tokens > 1 else None
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
