@@ -10,7 +10,10 @@ threads; docs/serving-benchmark.md). Past a few rows fbgemm's kernel, which reus
 them, is the faster: the layers' 72 products took 9.0 / 12.3 / 17.0 ms on ggml at 2 / 4 / 8 rows against fbgemm's
 11.9 / 13.5 / 16.4, the head 16.7 ms at two rows against 16.5. On an Intel Xeon (AVX-512, ggml built for it) a
 whole fp16 decode step of Gemma 3 at 6 / 8 / 10 / 12 / 16 rows took 44 / 56 / 71 / 69 / 100 ms with the layers on
-ggml against 50 / 67 / 76 / 68 / 102 on fbgemm (the head on fbgemm in both; same process, alternating). So a layer
+ggml against 50 / 67 / 76 / 68 / 102 on fbgemm (the head on fbgemm in both; same process, alternating). Back on the
+EPYC a later day, fbgemm's products led from 2 rows (8 rows: 24 ms against ggml's 34, 27 with llamafile's tiles),
+but the decoder as one ggml graph (8 rows: 40 ms) beat ggml's products with torch's arithmetic around them (61),
+whose ~23 ms of small operations outweigh what fbgemm's products would save there. So a layer
 sends up to `LAYER_MAX_ROWS` tokens here (a constrained step's rows carry jump-forward tokens too) and the head
 one row.
 
