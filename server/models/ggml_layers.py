@@ -396,7 +396,7 @@ class GgmlLayerSteps:
         """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale."""
         self.shape, self.layers, self.max_tokens, self.final_norm = shape, list(layers), max_tokens, final_norm
         if not llamafile_built():
-            log.warning("ggml was built without llamafile's tinyBLAS: decode steps of several rows run ~20 %% "
+            log.warning("ggml was built without llamafile's tinyBLAS: decode steps of several rows run ~20 % "
                         "slower; rebuild it as the Makefile does (CMAKE_ARGS=-DGGML_LLAMAFILE=ON)")
         gains: list[torch.Tensor] = [final_norm]
         for part in self.layers:
