@@ -9,11 +9,17 @@ An answer is either text (only when `mode` is `auto`) or one or more calls in th
 
 The layout is fixed (no free whitespace, `, ` and `: ` separators as in corral's JSON), so a call's
 arguments are exactly the text between its prefix and its closing characters.
+
+A format's `markers` (`<tool_call>`, `</tool_call>`, `[TOOL_CALLS]`) are often single *special* tokens of the
+model's vocabulary (Qwen 2.5, Hermes, Mistral), the token the model was trained to write. A backend that lets
+a special token match only a token reference (llguidance) passes `to_lark` those tokens, which the grammar then
+allows beside the spelled-out text; either way the answer's text holds the marker (samplers/answer_text.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +33,8 @@ Mode = Literal["auto", "required"]
 class ToolFormat:
     """How one model family writes calls: `begin call (separator call)* end`, a call being
     `{open}"NAME", "{args_key}": ARGS{close}`. `marker` opens every answer that calls a tool, so text
-    answers (`auto`) may not start with it."""
+    answers (`auto`) may not start with it. `markers`: the pieces of its literals that a vocabulary may hold
+    as one (special) token."""
 
     name: str
     begin: str
@@ -37,6 +44,7 @@ class ToolFormat:
     separator: str
     end: str
     marker: str
+    markers: tuple[str, ...] = ()
 
     def prefix(self, tool: str) -> str:
         """Everything of a call before its arguments."""
@@ -51,11 +59,23 @@ class ToolFormat:
 FORMATS: dict[str, ToolFormat] = {
     "llama3_json": ToolFormat("llama3_json", "", '{"name": ', "parameters", "}", "; ", "", '{"'),
     "hermes": ToolFormat(
-        "hermes", "", '<tool_call>\n{"name": ', "arguments", "}\n</tool_call>", "\n", "", "<tool_call>"
+        "hermes",
+        "",
+        '<tool_call>\n{"name": ',
+        "arguments",
+        "}\n</tool_call>",
+        "\n",
+        "",
+        "<tool_call>",
+        ("<tool_call>", "</tool_call>"),
     ),
-    "mistral": ToolFormat("mistral", "[TOOL_CALLS][", '{"name": ', "arguments", "}", ", ", "]", "[TOOL_CALLS]"),
+    "mistral": ToolFormat(
+        "mistral", "[TOOL_CALLS][", '{"name": ', "arguments", "}", ", ", "]", "[TOOL_CALLS]", ("[TOOL_CALLS]",)
+    ),
 }
 DEFAULT_FORMAT = "llama3_json"
+# Every format's markers: the special tokens an answer's text keeps (samplers/answer_text.py).
+MARKERS = frozenset(marker for fmt in FORMATS.values() for marker in fmt.markers)
 
 
 @dataclass(frozen=True)
@@ -147,21 +167,41 @@ def lark_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)  # JSON escapes are valid Lark string escapes
 
 
-def to_lark(grammar: ToolGrammar, json_options: dict[str, Any]) -> str:
+def lark_text(text: str, tokens: Mapping[str, int]) -> str:
+    """`text` as a Lark sequence in which each marker of `tokens` (marker text → id of the special token that
+    spells it) is that token (`<[id]>`, llguidance's token reference) or the marker's text written out."""
+    parts: list[str] = []
+    rest = text
+    while rest:
+        found = [(rest.find(marker), marker) for marker in tokens if marker and marker in rest]
+        if not found:
+            parts.append(lark_string(rest))
+            break
+        at, marker = min(found, key=lambda hit: (hit[0], -len(hit[1])))
+        if at:
+            parts.append(lark_string(rest[:at]))
+        parts.append(f"(<[{tokens[marker]}]> | {lark_string(marker)})")
+        rest = rest[at + len(marker) :]
+    return " ".join(parts)
+
+
+def to_lark(grammar: ToolGrammar, json_options: dict[str, Any], tokens: Mapping[str, int] | None = None) -> str:
     """A Lark grammar (llguidance dialect: `%json{...}` embeds a JSON Schema) for the whole answer.
-    `json_options` become each schema's `x-guidance` compile options (separators, whitespace, leniency)."""
+    `json_options` become each schema's `x-guidance` compile options (separators, whitespace, leniency).
+    `tokens`: the format's markers that are single special tokens of the vocabulary, by text (`lark_text`)."""
     fmt = grammar.format
+    special = tokens or {}
     lines = []
     names = []
     for index, tool in enumerate(grammar.tools):
         schema = {**tool.parameters, "x-guidance": json_options}
-        prefix, close = lark_string(fmt.prefix(tool.name)), lark_string(fmt.close)
+        prefix, close = lark_text(fmt.prefix(tool.name), special), lark_text(fmt.close, special)
         lines.append(f"call_{index}: {prefix} %json {json.dumps(schema)} {close}")
         names.append(f"call_{index}")
     lines.append(f"call: {' | '.join(names)}")
-    repeat = f" ({lark_string(fmt.separator)} call)*" if grammar.parallel else ""
-    begin = f"{lark_string(fmt.begin)} " if fmt.begin else ""
-    end = f" {lark_string(fmt.end)}" if fmt.end else ""
+    repeat = f" ({lark_text(fmt.separator, special)} call)*" if grammar.parallel else ""
+    begin = f"{lark_text(fmt.begin, special)} " if fmt.begin else ""
+    end = f" {lark_text(fmt.end, special)}" if fmt.end else ""
     lines.append(f"calls: {begin}call{repeat}{end}")
     if grammar.mode == "required":
         lines.insert(0, "start: calls")

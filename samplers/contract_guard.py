@@ -22,6 +22,7 @@ import torch
 
 from grammars.contract import validate_output
 from grammars.spec import GrammarKind, GrammarSpec
+from samplers.answer_text import answer_text
 from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec
 
 # Tool calls embed JSON Schemas the same engines relax; an answer may only end where every call validates.
@@ -34,7 +35,7 @@ class GuardedMatcher:
     def __init__(self, inner: Matcher, spec: GrammarSpec, tokenizer: TokenizerSpec) -> None:
         self.inner = inner
         self._spec = spec
-        self._tokenizer = tokenizer
+        self._text = answer_text(tokenizer.hf_tokenizer)  # the text the answer's check will read
         self._stops = frozenset(tokenizer.stop_token_ids)
         self._tokens: list[int] = []
         self._checked: tuple[int, bool] | None = None  # (token count, whole-contract verdict)
@@ -50,7 +51,7 @@ class GuardedMatcher:
         tokens = [*self._tokens, *extra]
         if self._checked is not None and self._checked[0] == len(tokens) and not extra:
             return self._checked[1]
-        text = self._tokenizer.hf_tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self._text.decode(tokens)
         verdict = validate_output(self._spec, text).valid
         if not extra:
             self._checked = (len(tokens), verdict)

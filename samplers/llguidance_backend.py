@@ -15,7 +15,7 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from grammars.lowering import choice_to_lark
 from grammars.spec import GrammarKind, GrammarSpec
-from grammars.tools import ToolGrammar, to_lark
+from grammars.tools import ToolFormat, ToolGrammar, to_lark
 from samplers.backends.llguidance import NAME
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
 
@@ -72,7 +72,11 @@ class LLGuidanceMatcher:
             self._m.rollback(num_tokens)
 
     def forced_tokens(self) -> list[int]:
-        return list(self._m.compute_ff_tokens())
+        # llguidance tokenises forced text with the model's tokenizer, which splits out added tokens: a forced
+        # literal equal to one (`<tool_call>` on Qwen) came back as that special token, which its parser then
+        # refuses (a special token matches only a token reference). Only what the grammar accepts is forced.
+        forced = list(self._m.compute_ff_tokens())
+        return forced[: self._m.validate_tokens(forced)] if forced else forced
 
     def is_terminated(self) -> bool:
         return bool(self._m.is_stopped())
@@ -89,6 +93,7 @@ class LLGuidanceBackend:
             tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.stop_token_ids)
         )
         self._executor = llguidance.LLExecutor()
+        self._markers: dict[str, dict[str, int]] = {}  # per tool-call format: marker text → special token id
 
     def supports(self, spec: GrammarSpec) -> str | None:
         if spec.kind is GrammarKind.TOOL_CALLS:
@@ -130,10 +135,25 @@ class LLGuidanceBackend:
             if spec.kind is GrammarKind.TOOL_CALLS:
                 # Each function's schema is embedded with `%json`, compiled with the same options as json_schema.
                 embedded: dict[str, Any] = {**(RELAXED_JSON_OPTIONS if spec.decode_safe else JSON_OPTIONS)}
-                return str(llguidance.LLMatcher.grammar_from_lark(to_lark(ToolGrammar.of(spec), embedded)))
+                grammar = ToolGrammar.of(spec)
+                lark = to_lark(grammar, embedded, self.marker_tokens(grammar.format))
+                return str(llguidance.LLMatcher.grammar_from_lark(lark))
         except Exception as exc:  # gbnf_to_lark raises its own and plain Exceptions on bad EBNF
             raise CompileError(f"llguidance could not read the {spec.kind}: {exc}", backend=NAME) from exc
         raise CompileError(f"llguidance cannot compile a {spec.kind} constraint", backend=NAME, unsupported=True)
+
+    def marker_tokens(self, fmt: ToolFormat) -> dict[str, int]:
+        """The format's markers that this vocabulary holds as one special token (by text): llguidance never
+        lets literal text match a special token, so the grammar names these by id (grammars/tools.py)."""
+        found = self._markers.get(fmt.name)
+        if found is None:
+            found = {}
+            for marker in fmt.markers:
+                ids = self._tokenizer.tokenize_str(marker)
+                if len(ids) == 1 and self._tokenizer.is_special_token(ids[0]):
+                    found[marker] = int(ids[0])
+            self._markers[fmt.name] = found
+        return found
 
     def new_matcher(self, compiled: Any) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(compiled)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from samplers.answer_text import answer_text
 from server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from server.engine.sequence import SeqOutput, Sequence
 
@@ -15,11 +16,13 @@ from server.engine.sequence import SeqOutput, Sequence
 class OutputStage:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        # Special tokens are skipped, but for those that spell a tool-call marker: the call parser reads them.
+        self._answer = answer_text(tokenizer)
         self._whitespace: dict[int, bool] = {}
         self._texts: dict[int, str] = {}
 
     def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return self._answer.decode(ids)
 
     def token_text(self, token: int) -> str:
         cached = self._texts.get(token)
