@@ -46,6 +46,7 @@ class LLGuidanceCompiled:
 class LLGuidanceMatcher:
     def __init__(self, compiled: LLGuidanceCompiled) -> None:
         self._m = compiled.prototype.deep_copy()
+        self._refused: int | None = None  # the token the last accept_token refused, from the state it left
 
     @property
     def handle(self) -> Any:
@@ -53,7 +54,9 @@ class LLGuidanceMatcher:
 
     @property
     def error(self) -> str | None:
-        return str(self._m.get_error()) if self._m.is_error() else None
+        if self._m.is_error():
+            return _first_line(str(self._m.get_error()))
+        return None if self._refused is None else self._refusal(self._refused)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         width = bitmask.shape[1] * 4
@@ -61,8 +64,17 @@ class LLGuidanceMatcher:
 
     def accept_token(self, token_id: int) -> bool:
         if self._m.validate_tokens([token_id]) != 1:
+            self._refused = token_id  # explained when asked: searches try refused tokens freely
             return False
+        self._refused = None
         return bool(self._m.consume_token(token_id))
+
+    def _refusal(self, token_id: int) -> str:
+        """Why the grammar refuses `token_id`: llguidance explains it only once a matcher consumed it, so a
+        copy does."""
+        probe = self._m.deep_copy()
+        probe.consume_token(token_id)
+        return _first_line(str(probe.get_error())) if probe.is_error() else f"token {token_id} refused"
 
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
         return int(self._m.validate_tokens(list(token_ids)))
@@ -70,6 +82,7 @@ class LLGuidanceMatcher:
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self._m.rollback(num_tokens)
+            self._refused = None
 
     def forced_tokens(self) -> list[int]:
         # llguidance tokenises forced text with the model's tokenizer, which splits out added tokens: a forced
@@ -167,3 +180,8 @@ class LLGuidanceBackend:
 
 def _clean(message: str) -> str:
     return message.strip()
+
+
+def _first_line(message: str) -> str:
+    """llguidance's errors carry its parser state and the whole grammar after the first line."""
+    return message.strip().split("\n", 1)[0]

@@ -8,7 +8,9 @@ import functools
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 INVALID_OUTPUT = "invalid_output"
 CLOSED = "closed"  # the engine closed a structured answer early (server/engine/answer_closing.py)
+ERROR = "error"  # an engine error ended the answer (seq.error says what)
 # Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
 # schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
 # threads, and one huge request leaves the others free.
@@ -72,7 +75,7 @@ class Finished:
     seq: Sequence
     check: OutputCheck | None
     prepared: Prepared
-    fallback_from: str | None = None  # the backend whose answer failed post-validation (auto only)
+    fallback_from: str | None = None  # the backend whose answer `auto` generated again with another (auto only)
 
 
 class Service:
@@ -97,6 +100,7 @@ class Service:
         # How long a request may wait for a compile thread to take its compile (see `_compile`).
         self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
         self._ids = itertools.count()
+        self.fallback = AutoFallback(self.compile, self.backends.enabled)
         self.in_flight = 0
         self.ready = False
         self.metrics = Metrics()
@@ -249,7 +253,33 @@ class Service:
             )
 
     async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
-        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts."""
+        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts. Under `auto`, an
+        answer a grammar engine failed (`error`: its fill raised, or it refused a token its own mask allowed) is
+        generated again with the next backend, as a compile refusal is, if nothing of it was sent yet (always so
+        unstreamed; streamed, when it failed before its first text). `finish` reports the answer that ran."""
+        sent = False
+        failed: SeqOutput | None = None
+        async with aclosing(self._stream_once(prepared, deltas)) as outputs:
+            async for out in outputs:
+                if out.finished and not sent and engine_failed(prepared, out):
+                    failed = out
+                    break
+                sent = sent or bool(out.delta or out.logprobs)
+                yield out
+        if failed is None:
+            return
+        retry = await self.fallback.next_backend(prepared, f"ended by a grammar engine error ({failed.seq.error})")
+        if retry is None or prepared.compiled is None:
+            yield failed
+            return
+        await self.off_loop(self.finish, prepared, failed)  # counted as the failure it was
+        async with aclosing(self._stream_once(retry, deltas)) as outputs:
+            async for out in outputs:
+                if out.finished:
+                    self.fallback.reruns[out.seq] = (retry, prepared.compiled.backend)
+                yield out
+
+    async def _stream_once(self, prepared: Prepared, deltas: bool) -> AsyncGenerator[SeqOutput, None]:
         self.check_capacity()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
@@ -302,9 +332,9 @@ class Service:
         once more with the next backend that compiles the spec, so one engine's enforcement gap does
         not reach the caller; what still fails keeps its finish_reason, never `stop`."""
         done = await self._run_once(prepared)
-        retryable = done.finish_reason in (INVALID_OUTPUT, str(Trip.DEAD_END))
+        retryable = done.finish_reason in (INVALID_OUTPUT, str(Trip.DEAD_END)) and done.fallback_from is None
         if retryable and prepared.constraint.backend == AUTO and prepared.compiled:
-            retry = await self._fallback(prepared)
+            retry = await self.fallback.next_backend(prepared, f"failed validation ({done.finish_reason})")
             if retry is not None:
                 first_backend = prepared.compiled.backend
                 done = await self._run_once(retry)
@@ -317,62 +347,27 @@ class Service:
                 return await self.off_loop(self.finish, prepared, out)  # validates the whole answer
         raise RuntimeError("engine stream ended without a final output")
 
-    async def _fallback(self, prepared: Prepared) -> Prepared | None:
-        spec, used = prepared.constraint.spec, prepared.compiled
-        assert spec is not None and used is not None
-        for name in route(spec, self.backends.enabled):
-            if name == used.backend:
-                continue
-            try:
-                compiled = await self.compile(ConstraintRequest(spec, name, prepared.constraint.source))
-            except ApiError:
-                continue
-            log.info("answer from %s failed validation; regenerating with %s", used.backend, name)
-            return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
-        return None
-
     def finish(self, prepared: Prepared, out: SeqOutput) -> Finished:
         seq = out.seq
+        prepared, fallback_from = self.fallback.reruns.get(seq, (prepared, None))
         spec = prepared.constraint.spec
-        check = self.check_output(spec, seq.text, out.finish_reason) if spec is not None else None
+        cause = seq.error if out.finish_reason == ERROR else None
+        check = self.check_output(spec, seq.text, out.finish_reason, cause) if spec is not None else None
         reason = out.finish_reason or "stop"
         if reason in ("stop", CLOSED) and check is not None and not check.valid:
             reason = INVALID_OUTPUT  # the grammar finished but the full contract does not hold
         if reason == "stop" and has_tool_calls(check):
             reason = "tool_calls"
-        done = Finished(seq.text, reason, seq, check, prepared)
-        self._observe(done)
+        done = Finished(seq.text, reason, seq, check, prepared, fallback_from)
+        observe(self.metrics, done)
         return done
 
-    def _observe(self, done: Finished) -> None:
-        m, stats, seq = self.metrics, done.seq.stats, done.seq
-        m.requests.labels(done.finish_reason).inc()
-        failed = done.check is not None and not done.check.valid
-        if failed:
-            m.failures.labels(failure_class(seq)).inc()
-        outcome = failure_class(seq) if failed else done.finish_reason
-        m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
-        if stats.first_token is not None:
-            m.ttft.observe(stats.first_token - stats.arrival)
-        if stats.scheduled is not None:
-            m.queue.observe(stats.scheduled - stats.arrival)
-        if stats.finished is not None:
-            m.e2e.observe(stats.finished - stats.arrival)
-        for before, after in itertools.pairwise(stats.token_times):
-            m.itl.observe(after - before)
-        if seq.backend is not None:
-            mask = m.mask.labels(seq.backend.name)
-            for us in stats.mask_us:
-                mask.observe(us / 1e6)
-        m.forced.inc(stats.forced_tokens)
-        if seq.closer is not None and seq.closer.closed is not None:
-            m.closed.labels(str(seq.closer.closed)).inc()
-        m.generated.inc(len(seq.output_ids))
-
     @staticmethod
-    def check_output(spec: GrammarSpec, text: str, finish_reason: str | None) -> OutputCheck:
+    def check_output(spec: GrammarSpec, text: str, finish_reason: str | None, cause: str | None = None) -> OutputCheck:
+        """The answer's full-contract check; one that did not finish fails it, naming `cause` if known."""
         if finish_reason not in ("stop", CLOSED):
-            return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed")
+            because = f": {cause}" if cause else ""
+            return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed{because}")
         return validate_output(spec, text)
 
 
@@ -382,6 +377,70 @@ def failure_class(seq: Sequence) -> str:
         return seq.trip
     if seq.finish_reason == "length":
         return "length"
-    if seq.finish_reason == "error":
+    if seq.finish_reason == ERROR:
         return "engine_error"
     return "invalid_output"
+
+
+def engine_failed(prepared: Prepared, out: SeqOutput) -> bool:
+    """Whether `auto` may run this answer again on another backend: its grammar engine failed it (`error`)."""
+    return (
+        out.finish_reason == ERROR
+        and out.seq.grammar_failed
+        and prepared.constraint.backend == AUTO
+        and prepared.compiled is not None
+    )
+
+
+class AutoFallback:
+    """`auto`'s second attempt: a request compiled for the next backend its spec routes to (`Service.run` after a
+    dead end or a failed check, `Service.stream` after a grammar engine error), and the answers run so (`reruns`:
+    each sequence's own Prepared and the backend that failed first, which `Service.finish` reports)."""
+
+    def __init__(self, compile: Callable[[ConstraintRequest], Awaitable[CompileResult]], enabled: list[str]) -> None:
+        self._compile = compile
+        self._enabled = enabled
+        self.reruns: weakref.WeakKeyDictionary[Sequence, tuple[Prepared, str]] = weakref.WeakKeyDictionary()
+
+    async def next_backend(self, prepared: Prepared, why: str) -> Prepared | None:
+        """The request compiled for the next backend that takes its spec, or None if there is none."""
+        spec, used = prepared.constraint.spec, prepared.compiled
+        assert spec is not None and used is not None
+        for name in route(spec, self._enabled):
+            if name == used.backend:
+                continue
+            try:
+                compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
+            except ApiError:
+                continue
+            log.warning("request %s: the answer from %s %s; regenerating with %s", prepared.request_id,
+                        used.backend, why, name)
+            return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
+        return None
+
+
+def observe(metrics: Metrics, done: Finished) -> None:
+    """Count a finished answer in the metrics."""
+    m, stats, seq = metrics, done.seq.stats, done.seq
+    m.requests.labels(done.finish_reason).inc()
+    failed = done.check is not None and not done.check.valid
+    if failed:
+        m.failures.labels(failure_class(seq)).inc()
+    outcome = failure_class(seq) if failed else done.finish_reason
+    m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
+    if stats.first_token is not None:
+        m.ttft.observe(stats.first_token - stats.arrival)
+    if stats.scheduled is not None:
+        m.queue.observe(stats.scheduled - stats.arrival)
+    if stats.finished is not None:
+        m.e2e.observe(stats.finished - stats.arrival)
+    for before, after in itertools.pairwise(stats.token_times):
+        m.itl.observe(after - before)
+    if seq.backend is not None:
+        mask = m.mask.labels(seq.backend.name)
+        for us in stats.mask_us:
+            mask.observe(us / 1e6)
+    m.forced.inc(stats.forced_tokens)
+    if seq.closer is not None and seq.closer.closed is not None:
+        m.closed.labels(str(seq.closer.closed)).inc()
+    m.generated.inc(len(seq.output_ids))

@@ -143,7 +143,7 @@ class Engine:
     def _judge(self, batch: list[Sequence], logits: torch.Tensor, settled: SettledMasks) -> list[int]:
         """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""
         for row, message in settled.failed.items():
-            batch[row].error = message
+            grammar_failed(batch[row], message)
             self._finish(batch[row], "error")
         for row in sorted(settled.overran | settled.dead_ends):
             self._judge_row(batch[row], overran=row in settled.overran)
@@ -230,8 +230,8 @@ class Engine:
             self._finish(seq, "stop")
             return
         matcher = seq.matcher
-        if matcher is not None and not matcher.accept_token(token):
-            seq.error = matcher.error or f"the grammar rejected token {token}"
+        if matcher is not None and not matcher.accept_token(token):  # its mask allowed it: the engine failed
+            grammar_failed(seq, refusal(seq, token, self.output.token_text(token)))
             self._finish(seq, "error")
             return
         appended = [token, *self.grammar_tokens.forced_after(seq)]
@@ -351,6 +351,21 @@ class Engine:
 
     def shutdown(self) -> None:
         self.structured.shutdown()
+
+
+def grammar_failed(seq: Sequence, message: str) -> None:
+    """Mark a request its grammar engine failed (a fill raised, or it refused a token its own mask allowed), and log
+    why: it ends with `error`, and `auto` may run it again on another engine (server/serving.py)."""
+    log.warning("request %s ended by a grammar engine error: %s", seq.request_id, message)
+    seq.grammar_failed = True
+    seq.error = message
+
+
+def refusal(seq: Sequence, token: int, text: str) -> str:
+    """What a matcher that refused the token its mask allowed says, in the engine's words."""
+    engine = seq.backend.name if seq.backend is not None else "grammar"
+    cause = (seq.matcher.error if seq.matcher is not None else None) or "no reason given"
+    return f"the {engine} engine refused token {token} ({text!r}), which its mask allowed: {cause}"
 
 
 def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:

@@ -87,6 +87,8 @@ class Sequence:
     mask_budget: MaskBudget | None = None
     lazy_mask: LazyMaskState = field(default_factory=LazyMaskState)  # whether its step may skip the mask fill
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
+    # Its grammar engine failed it (`error`: a mask fill raised, or a token its mask allowed was refused).
+    grammar_failed: bool = False
     closable: bool = False  # a structured answer the engine may close early (server/engine/answer_closing.py)
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)
     pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
