@@ -4,6 +4,7 @@ default model's tokenizer with both built-in backends for tests below the server
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -143,6 +144,55 @@ def family_tokenizer(model: str) -> object:
 
     loaded = load_model(model, device="cpu")
     return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
+
+
+QWEN_INSTRUCT = "qwen2.5-coder-1.5b-instruct"
+
+
+def _qwen_gguf() -> Path:
+    """The Qwen2.5-Coder-1.5B-Instruct GGUF: `CORRAL_TEST_QWEN_GGUF`, else the built-in's file; skips without it."""
+    named = os.environ.get("CORRAL_TEST_QWEN_GGUF")
+    if named:
+        path = Path(named)
+    else:
+        try:
+            from server.models.builtin import builtin_gguf  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:
+            pytest.skip(f"no {QWEN_INSTRUCT} GGUF: set CORRAL_TEST_QWEN_GGUF to its path "
+                        "(server.models.builtin has no builtin_gguf)")
+        try:
+            path = Path(builtin_gguf(QWEN_INSTRUCT))
+        except Exception as exc:  # not installed, or a part missing: the built-in says which
+            pytest.skip(f"no {QWEN_INSTRUCT} GGUF (set CORRAL_TEST_QWEN_GGUF to its path): {exc}")
+    if not path.is_file():
+        pytest.skip(f"the {QWEN_INSTRUCT} GGUF {path} does not exist")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer() -> object:
+    """Qwen 2.5 Instruct's TokenizerSpec (its 151,936 logits; `<|im_end|>` and `<|endoftext|>` stop), the tokenizer
+    read from the GGUF once (~30 s) and kept under $CORRAL_CACHE_DIR/test-tokenizers (later runs load it in ~2 s,
+    on 2 busy cores)."""
+    from transformers import AutoTokenizer
+
+    from samplers.protocol import TokenizerSpec
+
+    gguf = _qwen_gguf()
+    stat = gguf.stat()
+    cache_root = Path(os.environ.get("CORRAL_CACHE_DIR") or Path.home() / ".cache" / "corral")
+    saved = cache_root / "test-tokenizers" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if not (saved / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        staging = saved.with_name(f"{saved.name}.{os.getpid()}.tmp")
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(saved)
+        except OSError:  # another worker saved it first
+            shutil.rmtree(staging, ignore_errors=True)
+    hf = AutoTokenizer.from_pretrained(saved)
+    stops = tuple(int(hf.convert_tokens_to_ids(t)) for t in ("<|im_end|>", "<|endoftext|>"))
+    return TokenizerSpec(hf, 151_936, stops)
 
 
 @pytest.fixture(scope="module")
