@@ -19,6 +19,7 @@ from server.engine.kv_cache import SlotKVCache
 from server.engine.prefix_cache import KVCopier, PrefixCache
 from server.engine.slot_attention import InPlaceKVCache
 from server.models import LoadedModel
+from server.models.gguf_decoder import GgufDecoder
 from server.models.llama_family import LlamaFamilyModel
 
 SHARED_FORWARD_MAX = 32  # transformers path: rows feeding up to this many tokens join the shared (padded) forward
@@ -58,7 +59,7 @@ class ModelRunner:
         self.device = loaded.device
         self.max_len = max_len
         impl: _Forward
-        if isinstance(loaded.model, LlamaFamilyModel):
+        if isinstance(loaded.model, LlamaFamilyModel | GgufDecoder):
             impl = PackedForward(loaded.model, max_batch=max_batch, max_len=max_len, device=loaded.device)
         else:
             impl = TransformersForward(loaded, max_batch=max_batch, max_len=max_len)
@@ -91,7 +92,9 @@ class ModelRunner:
 class PackedForward:
     """corral's decoder: all rows' new tokens in one [T, hidden] pack; attention per slot, in place."""
 
-    def __init__(self, model: LlamaFamilyModel, *, max_batch: int, max_len: int, device: torch.device) -> None:
+    def __init__(
+        self, model: LlamaFamilyModel | GgufDecoder, *, max_batch: int, max_len: int, device: torch.device
+    ) -> None:
         self.model = model
         shape = model.shape
         self.cache = InPlaceKVCache(
@@ -101,7 +104,7 @@ class PackedForward:
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
             max_len=max_len,
-            dtype=model.embed.dtype,
+            dtype=model.kv_dtype,
             device=device,
             layer_windows=shape.layer_windows,
             scale=shape.attn_scale,

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from server.models.gguf_blocks import QuantBlocks
 from server.models.head_screen import float_rounding_per_l1, float_slack
-from server.models.row_kernel import RowKernel, ggml_modules, row_kernel_available
+from server.models.row_kernel import QuantBlocks, RowKernel, ggml_modules, row_kernel_available
 
 BLOCK = 32  # values per Q8_0 block, each block 2 bytes of fp16 scale then 32 int8 codes
 _FP16_MAX = 65504.0

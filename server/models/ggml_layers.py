@@ -26,19 +26,17 @@ frequencies (as ggml frequency factors), so scaled variants need nothing of thei
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import torch
 
 from server.models.decode_layout import DecodeCache, DecodeLayout
-from server.models.row_kernel import GraphPlan, RowKernel, ggml_modules, llamafile_built
+from server.models.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
+from server.models.row_kernel import GraphPlan, ggml_modules, llamafile_built
 
 log = logging.getLogger(__name__)
 
-_ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
 _LAYER_NODES = 48  # a layer of the one-graph decoder: ~35
 _MIN_KEY_BUCKET = 64
@@ -49,144 +47,6 @@ DECODERS_KEPT = 64
 
 class Attend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class LayerParts:
-    """One decoder layer as the graphs need it: products as row kernels, gains and biases as float tensors."""
-
-    input_norm: torch.Tensor
-    qkv: tuple[RowKernel, ...]  # one kernel for q, k and v together, or three (a GGUF's blocks, each its type)
-    qkv_bias: torch.Tensor | None
-    qk_norm_gain: torch.Tensor | None  # [heads + kv_heads, head_dim]
-    o: RowKernel
-    o_bias: torch.Tensor | None
-    attn_out_norm: torch.Tensor | None  # sandwich norms (Gemma)
-    mlp_norm: torch.Tensor
-    gate_up: tuple[RowKernel, ...]  # gate and up together, or two
-    gate_up_bias: torch.Tensor | None
-    down: RowKernel
-    down_bias: torch.Tensor | None
-    mlp_out_norm: torch.Tensor | None
-    rope_table: int
-    window: int | None  # the layer's sliding window; None: full attention
-
-
-@dataclass(frozen=True)
-class StepShape:
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    activation: str  # "silu" or "gelu_tanh"
-    attn_scale: float  # the queries' scale in attention
-
-
-class _Params:
-    """The layers' gains and biases, and the RoPE frequency factors, copied into one ggml context."""
-
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
-        ggml, _ = ggml_modules()
-        size = sum(t.numel() * 4 for t in tensors) + len(tensors) * (ggml.ggml_tensor_overhead() + 64) + 4096
-        self.ctx: Any = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
-        if not self.ctx:
-            raise MemoryError(f"ggml could not allocate {size} bytes for the layers' gains")
-        self._by_id: dict[int, Any] = {id(t): self._copy(t) for t in tensors}
-
-    def _copy(self, tensor: torch.Tensor) -> Any:
-        ggml, utils = ggml_modules()
-        flat = tensor.detach().float().contiguous()
-        dims = list(reversed(flat.shape)) or [1]
-        if len(dims) == 1:
-            made = ggml.ggml_new_tensor_1d(self.ctx, ggml.GGML_TYPE_F32, dims[0])
-        else:
-            made = ggml.ggml_new_tensor_2d(self.ctx, ggml.GGML_TYPE_F32, dims[0], dims[1])
-        torch.from_numpy(utils.to_numpy(made)).view(flat.shape).copy_(flat)
-        return made
-
-    def __getitem__(self, tensor: torch.Tensor) -> Any:
-        return self._by_id[id(tensor)]
-
-    def free(self) -> None:
-        ggml, _ = ggml_modules()
-        if self.ctx:
-            ggml.ggml_free(self.ctx)
-            self.ctx = None
-
-
-class _Context:
-    """A ggml context (every tensor with its own memory) and the node-building helpers both graph forms use."""
-
-    def __init__(self, steps: GgmlLayerSteps, tokens: int, size: int) -> None:
-        ggml, utils = ggml_modules()
-        self.ggml, self.utils = ggml, utils
-        self.steps, self.shape, self.params, self.tokens = steps, steps.shape, steps.params, tokens
-        self.ctx: Any = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
-        if not self.ctx:
-            raise MemoryError(f"ggml could not allocate {size} bytes for {tokens}-token layer graphs")
-        self.positions = ggml.ggml_new_tensor_1d(self.ctx, ggml.GGML_TYPE_I32, tokens)
-        self.positions_in = self.view(self.positions, tokens)
-
-    def view(self, tensor: Any, *shape: int) -> torch.Tensor:
-        """Torch's view of a tensor in this context's memory."""
-        return torch.from_numpy(self.utils.to_numpy(tensor)).view(*shape)
-
-    def new(self, kind: int, *dims: int) -> Any:
-        return getattr(self.ggml, f"ggml_new_tensor_{len(dims)}d")(self.ctx, kind, *dims)
-
-    def norm(self, x: Any, gain: torch.Tensor) -> Any:
-        g = self.ggml
-        return g.ggml_mul(self.ctx, g.ggml_rms_norm(self.ctx, x, self.shape.rms_eps), self.params[gain])
-
-    def product(self, kernels: RowKernel | tuple[RowKernel, ...], x: Any, bias: torch.Tensor | None) -> Any:
-        """x times each kernel's weight, the outputs stacked in order (as one weight of their rows would give)."""
-        g = self.ggml
-        each = kernels if isinstance(kernels, tuple) else (kernels,)
-        outputs = [g.ggml_mul_mat(self.ctx, k.ggml_weight, x) for k in each]
-        y = outputs[0]
-        for more in outputs[1:]:
-            y = g.ggml_concat(self.ctx, y, more, 0)
-        return y if bias is None else g.ggml_add(self.ctx, y, self.params[bias])
-
-    def queries_keys_values(self, layer: LayerParts, x: Any) -> tuple[Any, Any]:
-        """qkv [q + 2 kv, T] (values in its last kv columns) and the normed, rotated q and k [hd, heads + kv, T]."""
-        g, s, ctx = self.ggml, self.shape, self.ctx
-        qkv = self.product(layer.qkv, self.norm(x, layer.input_norm), layer.qkv_bias)
-        heads = s.num_heads + s.num_kv_heads
-        qk = g.ggml_view_3d(ctx, qkv, s.head_dim, heads, self.tokens, s.head_dim * 4, qkv.contents.nb[1], 0)
-        if layer.qk_norm_gain is not None:
-            qk = self.norm(qk, layer.qk_norm_gain)
-        base, factors, scale = self.steps.ropes[layer.rope_table]
-        rotated = g.ggml_rope_ext(
-            ctx, qk, self.positions, factors, s.head_dim, _ROPE_NEOX, 0, base, 1.0, 0.0, scale, 0.0, 0.0
-        )
-        return qkv, rotated
-
-    def layer_tail(self, layer: LayerParts, x: Any, attention: Any) -> Any:
-        """The rest of a layer from its attention output [q_size, T]: o, the residual add, the MLP's."""
-        g, s, ctx = self.ggml, self.shape, self.ctx
-        out = self.product(layer.o, attention, layer.o_bias)
-        if layer.attn_out_norm is not None:
-            out = self.norm(out, layer.attn_out_norm)
-        x = g.ggml_add(ctx, x, out)
-        h = self.norm(x, layer.mlp_norm)
-        if len(layer.gate_up) == 2 and layer.gate_up_bias is None:  # separate weights: no stacking copy
-            gate, up = (self.product(k, h, None) for k in layer.gate_up)
-            split = g.ggml_swiglu_split if s.activation == "silu" else g.ggml_geglu_split
-            gated = split(ctx, gate, up)
-        else:
-            gate_up = self.product(layer.gate_up, h, layer.gate_up_bias)
-            gated = g.ggml_swiglu(ctx, gate_up) if s.activation == "silu" else g.ggml_geglu(ctx, gate_up)
-        out = self.product(layer.down, gated, layer.down_bias)
-        if layer.mlp_out_norm is not None:
-            out = self.norm(out, layer.mlp_out_norm)
-        return g.ggml_add(ctx, x, out)
-
-    def free(self) -> None:
-        if self.ctx:
-            self.ggml.ggml_free(self.ctx)
-            self.ctx = None
 
 
 def _activation_bytes(steps: GgmlLayerSteps, tokens: int) -> int:
@@ -206,7 +66,7 @@ class _BoundaryGraphs:
     def __init__(self, steps: GgmlLayerSteps, tokens: int) -> None:
         ggml, _ = ggml_modules()
         per_boundary = _activation_bytes(steps, tokens) + ggml.ggml_graph_overhead_custom(_BOUNDARY_NODES, False)
-        self.context = c = _Context(steps, tokens, 2 * per_boundary * (len(steps.layers) + 1) + (1 << 16))
+        self.context = c = GraphContext(steps, tokens, 2 * per_boundary * (len(steps.layers) + 1) + (1 << 16))
         s = steps.shape
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.x_in: list[torch.Tensor] = []
@@ -280,7 +140,7 @@ class _DecodeGraph:
         per_layer = _activation_bytes(steps, tokens) + (3 * q_size * padded * 4 if gathered else 0)
         size = (per_layer + 4 * ggml.ggml_tensor_overhead()) * len(layers) + 2 * keys * padded * 2
         size += 4 * padded * 4 + ggml.ggml_graph_overhead_custom(nodes, False)
-        self.context = c = _Context(steps, tokens, 2 * size + (1 << 16))
+        self.context = c = GraphContext(steps, tokens, 2 * size + (1 << 16))
         self.tokens, self.rows, self.queries, self.keys, self.gathered = tokens, rows, queries, keys, gathered
         slot_bytes = cache.max_len * kv_size * 4
         x = c.new(ggml.GGML_TYPE_F32, s.hidden_size, tokens)
@@ -403,8 +263,8 @@ class GgmlLayerSteps:
             optional = [part.qkv_bias, part.qk_norm_gain, part.o_bias, part.attn_out_norm, part.gate_up_bias]
             optional += [part.down_bias, part.mlp_out_norm]
             gains += [part.input_norm, part.mlp_norm] + [t for t in optional if t is not None]
-        factors = [_rope_factors(inv_freq, shape.head_dim) for inv_freq, _ in ropes]
-        self.params = _Params(list(dict.fromkeys(gains, None)) + [f for _, f in factors])
+        factors = [rope_factors(inv_freq, shape.head_dim) for inv_freq, _ in ropes]
+        self.params = GraphParams(list(dict.fromkeys(gains, None)) + [f for _, f in factors])
         # Per table: ggml's base, its factors tensor, the cos/sin scale.
         self.ropes = [
             (base, self.params[table], float(scale)) for (base, table), (_, scale) in zip(factors, ropes, strict=True)
@@ -472,14 +332,3 @@ class GgmlLayerSteps:
         params = getattr(self, "params", None)
         if params is not None:
             params.free()
-
-
-def _rope_factors(inv_freq: torch.Tensor, head_dim: int) -> tuple[float, torch.Tensor]:
-    """A base and per-pair factors with which ggml's RoPE (theta_i = pos * base^(-2i/d) / factor_i) gives the
-    model's frequencies exactly as listed, whatever variant produced them (linear, llama3, yarn...)."""
-    inv = inv_freq.double()
-    base = float(inv[1].item() ** (-head_dim / 2)) if len(inv) > 1 and float(inv[1]) > 0 else 10000.0
-    if not math.isfinite(base) or base <= 1.0:
-        base = 10000.0
-    pairs = torch.arange(len(inv), dtype=torch.float64)
-    return base, (base ** (-2.0 * pairs / head_dim) / inv).float()

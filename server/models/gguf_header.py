@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +65,50 @@ class _Cursor:
             if item in SCALARS and not keep:  # fixed width: skipped in one move
                 self.at += count * struct.calcsize(SCALARS[item])
                 return None
+            if item == STRING and not keep:  # a vocabulary: step over each string by its length alone
+                at, data, length = self.at, self.data, struct.Struct("<Q")
+                for _ in range(count):
+                    at += 8 + length.unpack_from(data, at)[0]
+                if at > len(data):
+                    raise GGUFHeaderError("a string array runs past the end of the file")
+                self.at = at
+                return None
             items = [self.value(item, keep) for _ in range(count)]
             return items if keep else None
         raise GGUFHeaderError(f"unknown value type {kind}")
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies in the file: its ggml type, its dimensions (ggml's order: the row first) and the
+    absolute offset of its data."""
+
+    name: str
+    ggml_type: int
+    dims: tuple[int, ...]
+    offset: int
+
+
+_DEFAULT_ALIGNMENT = 32
+
+
 def read_fields(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
     """The values of `keys` found in the file's metadata (absent ones are left out). GGUFHeaderError on a file
     that is not GGUF v2/v3 or whose header is broken; OSError if it cannot be read."""
+    return _walk(path, keys, tensors=False)[0]
+
+
+def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
+    """Every tensor of the file by name, with its type, dimensions and data offset: the key/value section is
+    walked without decoding what is skipped (the vocabulary's strings are stepped over), then the tensor infos
+    are read. Seconds against the `gguf` reader's ~26 s for Qwen2.5's 151,936-token vocabulary."""
+    return _walk(path, ("general.alignment",), tensors=True)[1]
+
+
+def _walk(path: Path, keys: tuple[str, ...], tensors: bool) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     wanted = set(keys)
     found: dict[str, Any] = {}
+    index: dict[str, TensorInfo] = {}
     with open(path, "rb") as handle:
         if path.stat().st_size < 24:
             raise GGUFHeaderError("the file is too short to be GGUF")
@@ -85,10 +120,10 @@ def read_fields(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
             version = cursor.unpack("<I")
             if version not in VERSIONS:
                 raise GGUFHeaderError(f"GGUF version {version} (read: {', '.join(map(str, VERSIONS))})")
-            cursor.unpack("<Q")  # tensor count
+            count = cursor.unpack("<Q")
             pairs = cursor.unpack("<Q")
             for _ in range(pairs):
-                if not wanted:
+                if not wanted and not tensors:
                     break
                 key = cursor.string(keep=True)
                 kind = cursor.unpack("<I")
@@ -97,4 +132,21 @@ def read_fields(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
                 if keep and key is not None:
                     found[key] = value
                     wanted.discard(key)
-    return found
+            if tensors:
+                index = _tensor_infos(cursor, count, int(found.get("general.alignment") or _DEFAULT_ALIGNMENT))
+                for info in index.values():
+                    if info.offset > len(data):
+                        raise GGUFHeaderError(f"tensor {info.name} lies past the end of the file (truncated?)")
+    return found, index
+
+
+def _tensor_infos(cursor: _Cursor, count: int, alignment: int) -> dict[str, TensorInfo]:
+    """The tensor infos after the key/value section; offsets made absolute (the data section starts at the
+    next multiple of the alignment)."""
+    raw = []
+    for _ in range(count):
+        name = cursor.string(keep=True) or ""
+        dims = tuple(cursor.unpack("<Q") for _ in range(cursor.unpack("<I")))
+        raw.append((name, cursor.unpack("<I"), dims, cursor.unpack("<Q")))
+    start = -(-cursor.at // alignment) * alignment
+    return {name: TensorInfo(name, kind, dims, start + offset) for name, kind, dims, offset in raw}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,24 +76,22 @@ def gguf_architecture(path: Path) -> str:
     return arch
 
 
-def convert_gguf(path: Path, out_dir: Path, dtype: torch.dtype) -> None:
-    """Write `path` as a checkpoint (config.json, model.safetensors, tokenizer, generation_config.json) into
-    `out_dir`, its weights dequantized to `dtype`."""
+def convert_gguf(path: Path, header: Path, out_dir: Path, dtype: torch.dtype) -> None:
+    """Write `path` as a checkpoint into `out_dir`: the files `write_gguf_header` wrote into `header` and
+    model.safetensors, its weights dequantized to `dtype` (the float paths: `--quantization` other than gguf)."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    arch = gguf_architecture(path)
-    template = read_metadata(path, "tokenizer.chat_template").get("tokenizer.chat_template")  # past the vocabulary
-    logger.info("reading the tokenizer of %s (%s)", path.name, arch)
+    for file in header.iterdir():
+        if file.is_file() and file.name != "corral-build.json":
+            shutil.copyfile(file, out_dir / file.name)
+    config = json.loads((header / "config.json").read_text(encoding="utf-8"))
+    logger.info("dequantizing the weights of %s to %s", path.name, str(dtype).removeprefix("torch."))
     try:
         with _parsed_once():
-            tokenizer: Any = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            logger.info("dequantizing the weights of %s to %s", path.name, str(dtype).removeprefix("torch."))
             model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     except (ValueError, OSError, KeyError, RuntimeError, TypeError) as exc:
         raise GGUFError(f"transformers could not read {path}: {str(exc).strip().splitlines()[0]}") from exc
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = template if isinstance(template, str) else _BUILTIN_TEMPLATES.get(arch)
     # Tied heads are the embedding: safetensors refuses shared storage, and the config says it is tied.
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     weights = {
@@ -101,19 +100,41 @@ def convert_gguf(path: Path, out_dir: Path, dtype: torch.dtype) -> None:
         if not (tied and name == "lm_head.weight")
     }
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["architectures"] = [SUPPORTED_ARCHITECTURES[arch]]
     config["dtype"] = str(dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def write_gguf_header(path: Path, out_dir: Path) -> dict[str, Any]:
+    """Write what serving `path` needs besides its tensors into `out_dir`: config.json (from the metadata, as
+    transformers maps it), the tokenizer rebuilt from its vocabulary, generation_config.json (stop ids).
+    Returns the config written. A few MB, seconds to tens of seconds once (the vocabulary's parse)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    arch = gguf_architecture(path)
+    template = read_metadata(path, "tokenizer.chat_template").get("tokenizer.chat_template")  # past the vocabulary
+    logger.info("reading the tokenizer of %s (%s)", path.name, arch)
+    try:
+        with _parsed_once():
+            tokenizer: Any = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            hf_config: Any = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except (ValueError, OSError, KeyError, RuntimeError, TypeError) as exc:
+        raise GGUFError(f"transformers could not read {path}: {str(exc).strip().splitlines()[0]}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = template if isinstance(template, str) else _BUILTIN_TEMPLATES.get(arch)
+    config: dict[str, Any] = hf_config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = [SUPPORTED_ARCHITECTURES[arch]]
+    config["gguf_architecture"] = arch
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     tokenizer.save_pretrained(out_dir)
-    _drop_tokens_past(out_dir / "tokenizer.json", int(model.config.get_text_config().vocab_size))
+    _drop_tokens_past(out_dir / "tokenizer.json", int(hf_config.get_text_config().vocab_size))
     eos = [tokenizer.eos_token_id]
     if arch in _END_OF_TURN:
         eos.append(tokenizer.convert_tokens_to_ids(_END_OF_TURN[arch]))
     eos_ids = [int(i) for i in dict.fromkeys(eos) if i is not None]
     generation = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos_ids}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    return config
 
 
 @contextmanager

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from server.models.checkpoint import iter_tensors
-from server.models.ggml_layers import GgmlLayerSteps, StepShape
-from server.models.gguf_blocks import QuantBlocks
+from server.models.ggml_graph_parts import StepShape
+from server.models.ggml_layers import GgmlLayerSteps
 from server.models.head_screen import ScreenedRows, head_screen_enabled, screen_rows, settle_screened
 from server.models.layer_kernels import layer_parts
 from server.models.logit_refinement import refine_near_top
@@ -189,20 +189,19 @@ def rope_frequencies(config: Any, head_dim: int, layer_type: str | None = None) 
 
 
 def _projection(
-    weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization, row_kernel: bool
+    weight: torch.Tensor, bias: torch.Tensor | None, quantization: Quantization
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
         # Nothing selects a layer's rows; steps of few tokens may go to ggml's kernel (server/models/row_kernel.py).
-        return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=row_kernel)
+        return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=True)
     return Projection(weight, bias)
 
 
 class _Layer(torch.nn.Module):
     def __init__(
-        self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization, row_kernels: bool
+        self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization
     ) -> None:
-        """row_kernels: fp16 projections keep an fp16 copy on ggml for steps of few tokens (False where a
-        GGUF's blocks serve those)."""
+        """fp16 projections keep an fp16 copy on ggml for steps of few tokens (server/models/row_kernel.py)."""
         super().__init__()
 
         def param(t: torch.Tensor) -> torch.nn.Parameter:
@@ -218,9 +217,9 @@ class _Layer(torch.nn.Module):
         if any(b is not None for b in biases) and not all(b is not None for b in biases):
             raise ValueError("the checkpoint has biases on some but not all of q/k/v")
         qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
-        self.qkv = _projection(qkv, qkv_bias, quantization, row_kernels)
+        self.qkv = _projection(qkv, qkv_bias, quantization)
         o_weight, o_bias = weights["self_attn.o_proj.weight"], weights.get("self_attn.o_proj.bias")
-        self.o = _projection(o_weight, o_bias, quantization, row_kernels)
+        self.o = _projection(o_weight, o_bias, quantization)
         has_qk_norm = "self_attn.q_norm.weight" in weights and "self_attn.k_norm.weight" in weights
         if shape.qk_norm and not has_qk_norm:
             raise ValueError("the checkpoint has no q_norm/k_norm weights, which this architecture needs")
@@ -245,9 +244,9 @@ class _Layer(torch.nn.Module):
         gate_up = torch.cat([weights.pop("mlp.gate_proj.weight"), weights.pop("mlp.up_proj.weight")])
         gate_b, up_b = weights.get("mlp.gate_proj.bias"), weights.get("mlp.up_proj.bias")
         gate_up_bias = torch.cat([gate_b, up_b]) if gate_b is not None and up_b is not None else None
-        self.gate_up = _projection(gate_up, gate_up_bias, quantization, row_kernels)
+        self.gate_up = _projection(gate_up, gate_up_bias, quantization)
         down_weight, down_bias = weights["mlp.down_proj.weight"], weights.get("mlp.down_proj.bias")
-        self.down = _projection(down_weight, down_bias, quantization, row_kernels)
+        self.down = _projection(down_weight, down_bias, quantization)
 
 
 def _norm_gain(weight: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
@@ -272,13 +271,11 @@ class LlamaFamilyModel(torch.nn.Module):
         ropes: Mapping[str, tuple[torch.Tensor, float]],
         config: Any,
         quantization: Quantization = "none",
-        blocks: Mapping[str, QuantBlocks] | None = None,
     ) -> None:
         """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies).
-        quantization: the projections' and head's weight-only quantization (server/models/quantized_projection.py).
-        blocks: for `gguf`, the GGUF's quantized blocks by weight name (server/models/gguf_blocks.py)."""
-        if (quantization == "gguf") != (blocks is not None):
-            raise ValueError("--quantization gguf needs the GGUF's blocks, and the blocks only serve it")
+        quantization: the projections' and head's weight-only quantization (server/models/quantized_projection.py)."""
+        if quantization == "gguf":
+            raise ValueError("--quantization gguf serves a GGUF from its blocks (server/models/gguf_decoder.py)")
         super().__init__()
         self.shape = shape
         self.quantization = quantization
@@ -288,17 +285,13 @@ class LlamaFamilyModel(torch.nn.Module):
         for i in range(shape.num_layers):
             prefix = f"model.layers.{i}."
             own = {k[len(prefix) :]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
-            self.layers.append(_Layer(own, shape, layer_quantization(quantization), row_kernels=blocks is None))
+            self.layers.append(_Layer(own, shape, layer_quantization(quantization)))
         self.norm = torch.nn.Parameter(_norm_gain(weights.pop("model.norm.weight"), shape), requires_grad=False)
         head = weights.pop("lm_head.weight", None)
         # The plain head stays beside the packed one (for a tied head it is the embedding anyway): a
         # grammar-restricted row computes its few allowed logits from it (restricted_logits). A quantized
         # head computes them from its own quantized values instead.
-        self.blocks = blocks
-        head_blocks = None if blocks is None else blocks.get("lm_head.weight" if head is not None else _EMBED)
-        if blocks is not None and head_blocks is None:
-            raise ValueError("the GGUF's blocks have no output head (lm_head or a tied embedding)")
-        self.head = head_projection(self.embed if head is None else head, head_quantization(quantization), head_blocks)
+        self.head = head_projection(self.embed if head is None else head, head_quantization(quantization))
         # The scale as a tensor of the model's dtype: the embedding is multiplied in that dtype, as trained.
         self.embed_scale: torch.Tensor
         self.register_buffer("embed_scale", torch.tensor(shape.embed_scale, dtype=self.embed.dtype), persistent=False)
@@ -323,15 +316,13 @@ class LlamaFamilyModel(torch.nn.Module):
 
     def _layer_graphs(self) -> GgmlLayerSteps | None:
         """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
-        with the `ggml` extra, or a GGUF's blocks) and the switch allows them (server/models/row_kernel.py)."""
+        with the `ggml` extra) and the switch allows them (server/models/row_kernel.py)."""
         if not layer_graphs_available():
-            if self.blocks is not None:
-                raise ValueError("--quantization gguf runs ggml's layer graphs, which CORRAL_ROW_KERNEL turned off")
             return None
         s = self.shape
         layers = [layer for layer in self.layers if isinstance(layer, _Layer)]
         parts = [
-            layer_parts(i, layer, self.blocks, self._layer_rope[i], s.layer_windows[i])
+            layer_parts(layer, self._layer_rope[i], s.layer_windows[i])
             for i, layer in enumerate(layers)
         ]
         if any(part is None for part in parts):
@@ -341,12 +332,13 @@ class LlamaFamilyModel(torch.nn.Module):
         ropes = list(zip(self.inv_freqs, self.rope_scales, strict=True))
         return GgmlLayerSteps(step_shape, [p for p in parts if p is not None], ropes, self.norm, LAYER_MAX_ROWS)
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the model's own (the one-graph decoder reads float32 caches)."""
+        return self.embed.dtype
+
     def step_read_bytes(self) -> int:
-        """Bytes of weights one decode step reads: every projection and the head (the embedding only a row).
-        Under `gguf`, what a step of one row reads: the GGUF's blocks."""
-        if self.blocks is not None:
-            tied = "lm_head.weight" not in self.blocks
-            return sum(b.data.nbytes for name, b in self.blocks.items() if tied or name != _EMBED)
+        """Bytes of weights one decode step reads: every projection and the head (the embedding only a row)."""
         # A greedy row's head is a screen (and a few exact outputs), the step's largest read.
         screened = None if self.screens is None else self.screens.one_row_bytes
         projections: list[Any] = [self.head] if screened is None else []
@@ -455,7 +447,6 @@ class LlamaFamilyModel(torch.nn.Module):
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_EMBED = "model.embed_tokens.weight"
 
 
 def load_llama_family(
@@ -464,10 +455,8 @@ def load_llama_family(
     dtype: torch.dtype,
     device: torch.device,
     quantization: Quantization = "none",
-    blocks: Mapping[str, QuantBlocks] | None = None,
 ) -> LlamaFamilyModel:
-    """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint.
-    blocks: a GGUF's quantized blocks, for `gguf` (server/models/gguf_blocks.py)."""
+    """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint."""
     shape = decoder_shape(config)
     weights = {
         name: tensor.to(device=device, dtype=dtype)
@@ -480,7 +469,7 @@ def load_llama_family(
         raise ValueError("the checkpoint has no lm_head.weight and its config does not tie it to the embedding")
     ropes = {t: rope_frequencies(config, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
     try:
-        model = LlamaFamilyModel(shape, weights, ropes, config, quantization, blocks)
+        model = LlamaFamilyModel(shape, weights, ropes, config, quantization)
     except KeyError as exc:
         raise ValueError(f"the checkpoint lacks weight {exc}") from exc
     unused = [k for k in weights if not k.startswith("model.layers.")]

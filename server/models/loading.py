@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 
-from server.models.builtin import ResolvedModel, UnresolvedModel, resolve_model
+from server.models.builtin import UnresolvedModel, resolve_model
 from server.models.default_model import REVISE
-from server.models.gguf_blocks import QuantBlocks
 from server.models.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
 from server.models.row_kernel import layer_graphs_available
 
@@ -87,38 +86,49 @@ def load_model(
     quantization: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer. `model`: a built-in name (server/models/builtin.py; None is the
-    default, gemma-3-270m), a local checkpoint directory, or a .gguf file (converted once into the cache).
+    default), a local checkpoint directory, or a .gguf file.
 
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
-    architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "none",
-    "int8", "int4", "w8a8", "fp16" or "fp16-w8a8" (server/models/quantized_projection.py) for corral's decoder
-    (CPU only), "gguf" (a GGUF's own blocks on ggml for steps of few tokens, fp16 for more:
-    server/models/gguf_blocks.py), or "auto": fp16 where that applies and the weights came from a GGUF, else none."""
+    architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "gguf" (a
+    GGUF served from its own blocks on ggml, every step: server/models/gguf_decoder.py), "none", "int8", "int4",
+    "w8a8", "fp16" or "fp16-w8a8" (server/models/quantized_projection.py, over a checkpoint of dequantized
+    weights for a GGUF), or "auto": gguf for a GGUF on CPU (fp16 without ggml), none for a checkpoint."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = _read_chat_template(chat_template) if chat_template is not None else None
-    # A GGUF is dequantized to the serving dtype: the one asked for, else the device's default.
-    convert_to = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, torch_device)
-    assert isinstance(convert_to, torch.dtype)
     try:
-        resolved = resolve_model(model, convert_to)
+        resolved = resolve_model(model)
     except UnresolvedModel as exc:
         raise ModelLoadError(f"{exc}.") from exc
-    model_dir, name = resolved.path, resolved.name
-    _check_checkpoint_dir(model_dir)
-    config = _load_causal_config(model_dir)
-    tokenizer = _load_tokenizer(model_dir, template)
+    _check_checkpoint_dir(resolved.path)
+    config = _load_causal_config(resolved.path)
+    tokenizer = _load_tokenizer(resolved.path, template)
     # Checked before the (slow) weight load so a bad flag fails fast.
     revision_token_id = _revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, torch_device)
     quantized = _check_quantization(quantization, impl, torch_device, resolved.from_gguf)
-    blocks = _gguf_blocks(resolved) if quantized == "gguf" else None
 
     network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
-    if impl == "corral":
-        network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized, blocks)
+    model_dir = resolved.path
+    if quantized == "gguf":
+        assert resolved.gguf is not None
+        network = _load_gguf(resolved.gguf, config)
+        model_dtype = torch.float32
     else:
-        network = _load_transformers(model_dir, config, dtype_arg, torch_device)
+        if resolved.converted is not None:
+            # A GGUF's float paths: its weights dequantized to the serving dtype, the one asked for, else the
+            # device's default.
+            convert_to = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, torch_device)
+            assert isinstance(convert_to, torch.dtype)
+            try:
+                model_dir = resolved.converted(convert_to)
+            except UnresolvedModel as exc:
+                raise ModelLoadError(f"{exc}.") from exc
+        if impl == "corral":
+            network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized)
+        else:
+            network = _load_transformers(model_dir, config, dtype_arg, torch_device)
+        model_dtype = next(network.parameters()).dtype
 
     vocab_size = int(network.config.get_text_config().vocab_size)
     if len(tokenizer) > vocab_size:
@@ -129,13 +139,13 @@ def load_model(
         model=network,
         tokenizer=tokenizer,
         path=model_dir,
-        name=name,
+        name=resolved.name,
         vocab_size=vocab_size,
-        stop_token_ids=_stop_token_ids(model_dir, network.config, tokenizer, vocab_size),
+        stop_token_ids=_stop_token_ids(resolved.path, network.config, tokenizer, vocab_size),
         revision_token_id=revision_token_id,
         context_length=_context_length(network.config, tokenizer),
         device=torch_device,
-        dtype=next(network.parameters()).dtype,
+        dtype=model_dtype,
         impl=impl,
         quantization=quantized,
     )
@@ -171,11 +181,14 @@ def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
 
 def _check_quantization(quantization: str, impl: str, device: torch.device, from_gguf: bool) -> Quantization:
     if quantization == "auto":
-        # fp16 measured float32's accuracy on Gemma 3 270M and the fastest kernel on AVX2 (docs/models.md); a
-        # GGUF's weights were rounded to 4-8 bits already, a safetensors checkpoint's were not.
+        # A GGUF is served as llama.cpp serves it, from its own blocks (its weights were rounded to 4-8 bits
+        # already; a float copy would take 2-4x the memory). Without ggml, fp16 (measured float32's accuracy on
+        # Gemma 3 270M, docs/models.md). A safetensors checkpoint keeps its dtype.
         applies = from_gguf and impl == "corral" and device.type == "cpu"
         if not applies:
             return "none"
+        if layer_graphs_available():
+            return "gguf"
         return AUTO_QUANTIZATION if fbgemm_available() else AUTO_WITHOUT_FBGEMM
     if quantization not in QUANTIZATIONS:
         choices = ", ".join(("auto", *QUANTIZATIONS))
@@ -194,6 +207,11 @@ def _check_quantization(quantization: str, impl: str, device: torch.device, from
         raise ModelLoadError(
             f"--quantization {quantization} runs torch's CPU kernels; on {device.type} use --quantization none."
         )
+    if quantization == "gguf" and not from_gguf:
+        raise ModelLoadError(
+            "--quantization gguf serves a GGUF's own quantized blocks; this model is not a GGUF file (serve a .gguf, "
+            "or a built-in model)."
+        )
     if quantization == "gguf" and not layer_graphs_available():
         raise ModelLoadError(
             "--quantization gguf multiplies the GGUF's blocks with ggml, which is not installed or is turned off "
@@ -202,20 +220,16 @@ def _check_quantization(quantization: str, impl: str, device: torch.device, from
     return quantization
 
 
-def _gguf_blocks(resolved: ResolvedModel) -> dict[str, QuantBlocks]:
-    from server.models.gguf_blocks import load_blocks
+def _load_gguf(path: Path, config: Any) -> Any:
+    from server.models.gguf_decoder import load_gguf_decoder
+    from server.models.gguf_file import GGUFTensorError
 
-    if resolved.gguf_blocks is None:
-        raise ModelLoadError(
-            "--quantization gguf multiplies a GGUF's own quantized blocks; this model does not come from a GGUF "
-            "file (serve the .gguf itself, or the built-in gemma-3-270m)."
-        )
     try:
-        return load_blocks(resolved.gguf_blocks())
-    except UnresolvedModel as exc:
-        raise ModelLoadError(f"{exc}.") from exc
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"Could not read the GGUF's blocks: {_first_line(exc)}") from exc
+        from server.models.gguf_import import gguf_architecture
+
+        return load_gguf_decoder(path, config, gguf_architecture(path))
+    except (GGUFTensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"Could not serve {path.name} from its blocks: {_first_line(exc)}") from exc
 
 
 def _load_corral(
@@ -224,7 +238,6 @@ def _load_corral(
     dtype: torch.dtype | str,
     device: torch.device,
     quantization: Quantization,
-    blocks: dict[str, QuantBlocks] | None = None,
 ) -> Any:
     from server.models.checkpoint import CheckpointError
     from server.models.llama_family import load_llama_family
@@ -235,7 +248,7 @@ def _load_corral(
         dtype = saved if isinstance(saved, torch.dtype) else _DTYPES.get(str(saved), torch.float32)
     assert isinstance(dtype, torch.dtype)
     try:
-        model = load_llama_family(model_dir, text_config, dtype, device, quantization, blocks)
+        model = load_llama_family(model_dir, text_config, dtype, device, quantization)
     except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
     return model

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, row_kernel_available
 
+# gguf: a GGUF's own blocks on ggml (server/models/gguf_decoder.py), not a mode of these projections.
 Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf")
 
@@ -39,16 +40,15 @@ _ACTIVATION = torch.bfloat16
 
 
 # The modes whose kernels are fbgemm's, which x86 builds of torch carry and ARM builds do not.
-FBGEMM_MODES: frozenset[Quantization] = frozenset({"w8a8", "fp16", "fp16-w8a8", "gguf"})
+FBGEMM_MODES: frozenset[Quantization] = frozenset({"w8a8", "fp16", "fp16-w8a8"})
 
 
 def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-# gguf: fp16 for steps of many tokens, a GGUF's own blocks on ggml for few (server/models/gguf_blocks.py).
-_HEAD_QUANTIZATION: dict[Quantization, Quantization] = {"int4": "int8", "fp16-w8a8": "w8a8", "gguf": "fp16"}
-_LAYER_QUANTIZATION: dict[Quantization, Quantization] = {"w8a8": "int8", "fp16-w8a8": "fp16", "gguf": "fp16"}
+_HEAD_QUANTIZATION: dict[Quantization, Quantization] = {"int4": "int8", "fp16-w8a8": "w8a8"}
+_LAYER_QUANTIZATION: dict[Quantization, Quantization] = {"w8a8": "int8", "fp16-w8a8": "fp16"}
 
 
 def head_quantization(quantization: Quantization) -> Quantization:

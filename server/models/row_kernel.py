@@ -31,12 +31,11 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-
-from server.models.gguf_blocks import QuantBlocks
 
 _ggml: Any
 _ggml_utils: Any
@@ -63,6 +62,26 @@ def ggml_modules() -> tuple[Any, Any]:
     if _ggml is None or _ggml_utils is None:
         raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
     return _ggml, _ggml_utils
+
+
+@dataclass(frozen=True)
+class QuantBlocks:
+    """A weight as ggml stores it quantized: rows of blocks (Q8_0, Q4_K, ...) as raw bytes."""
+
+    data: np.ndarray  # uint8 [out_features, bytes per row]
+    ggml_type: int
+    type_name: str
+    out_features: int
+    in_features: int
+
+
+def cpu_buffer_type() -> Any:
+    """ggml's CPU buffer type, for its graph allocator. Called through ctypes with a pointer result: the bindings
+    declare it returning an int, which cuts the pointer to 32 bits (a crash on first use)."""
+    ggml, _ = ggml_modules()
+    function = ggml.lib.ggml_backend_cpu_buffer_type
+    function.restype, function.argtypes = ctypes.c_void_p, []
+    return function()
 
 
 class GraphPlan:
@@ -136,17 +155,40 @@ class _Shape:
             self.ctx = None
 
 
+class GgmlWeight(Protocol):
+    """A weight ggml already holds (a GGUF's tensor over its memory map: server/models/gguf_file.py)."""
+
+    @property
+    def ggml_weight(self) -> Any: ...
+    @property
+    def ggml_type(self) -> int: ...
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+
+
 class RowKernel:
     """y = x Wᵀ for x [rows, in_features] (float32, 1 <= rows <= max_rows), W held by ggml in fp16. Owns its
     ggml contexts: the weight's, and one small one per number of rows it has served."""
 
-    def __init__(self, weight: torch.Tensor | QuantBlocks, max_rows: int = 1, input_blocks: bool = False) -> None:
+    def __init__(
+        self, weight: torch.Tensor | QuantBlocks | GgmlWeight, max_rows: int = 1, input_blocks: bool = False
+    ) -> None:
         """weight: a float weight [out_features, in_features], held in fp16; or a GGUF's quantized blocks,
-        held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does).
-        input_blocks: Q8_0 weights take their input already in Q8_0 blocks (raw bytes [rows, row bytes]), as
-        the caller rounded it, instead of float32 for ggml to round."""
+        held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does); or a
+        tensor ggml holds already, used where it lies. input_blocks: Q8_0 weights take their input already in
+        Q8_0 blocks (raw bytes [rows, row bytes]), as the caller rounded it, instead of float32 for ggml to
+        round."""
         if _ggml is None or _ggml_utils is None:
             raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
+        self._shapes: dict[int, _Shape] = {}
+        self._ctx: Any = None  # the weight's own context (none for a weight ggml already holds)
+        if not isinstance(weight, torch.Tensor | QuantBlocks):
+            self.out_features, self.in_features, self.max_rows = weight.out_features, weight.in_features, max_rows
+            self._input_type = _ggml.GGML_TYPE_F32
+            self._weight = weight.ggml_weight
+            return
         if isinstance(weight, QuantBlocks):
             out_features, in_features, kind = weight.out_features, weight.in_features, weight.ggml_type
         else:
@@ -157,7 +199,7 @@ class RowKernel:
             raise ValueError("only Q8_0 weights take their input as blocks")
         self._input_type = _ggml.GGML_TYPE_Q8_0 if input_blocks else _ggml.GGML_TYPE_F32
         size = int(_ggml.ggml_row_size(kind, in_features)) * out_features + _ggml.ggml_tensor_overhead() + 4096
-        self._ctx: Any = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
+        self._ctx = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=False))
         if not self._ctx:
             raise MemoryError(f"ggml could not allocate {size} bytes for a {out_features} x {in_features} weight")
         self._weight = _ggml.ggml_new_tensor_2d(self._ctx, kind, in_features, out_features)
@@ -169,7 +211,6 @@ class RowKernel:
                            weight.data.nbytes)
         else:
             torch.from_numpy(_ggml_utils.to_numpy(self._weight)).copy_(weight.detach().to(torch.float16))
-        self._shapes: dict[int, _Shape] = {}
 
     def takes(self, rows: int) -> bool:
         return 1 <= rows <= self.max_rows

@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-from server.models.gguf_blocks import QuantBlocks
 from server.models.projection import Projection
 from server.models.quantized_projection import Quantization, QuantizedProjection, quantizable
 from server.models.row_kernel import RowKernel, row_kernel_available
@@ -108,10 +107,7 @@ class SplitProjection:
         *,
         keep_plain: bool = False,
         quantization: Quantization = "none",
-        row_blocks: QuantBlocks | None = None,
     ) -> None:
-        """row_blocks (fp16): the head's weight as a GGUF's quantized blocks, which single rows then multiply on
-        ggml instead of an fp16 copy of `weight` (server/models/gguf_blocks.py)."""
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         size = -(-self.out_features // _PARTS)
         self.bounds = [(lo, min(lo + size, self.out_features)) for lo in range(0, self.out_features, size)]
@@ -125,8 +121,7 @@ class SplitProjection:
             keep_plain = False  # `select` reads the quantized parts: the logits the full projection gives
         self._plain = weight if keep_plain else None
         # fp16: a single row goes through ggml's kernel, the whole head in one call (server/models/row_kernel.py).
-        single = weight if row_blocks is None else row_blocks
-        self._row = RowKernel(single) if quantization == "fp16" and row_kernel_available() else None
+        self._row = RowKernel(weight) if quantization == "fp16" and row_kernel_available() else None
         self._row_served_last = False  # whether the last call went to ggml, whose outputs are rounded
         self._cores = os.cpu_count() or 1
         # A head as large as Gemma 3's takes 30-130 ms for one row on one core: a second core pays for the
@@ -191,12 +186,12 @@ class SplitProjection:
 
 
 def head_projection(
-    weight: torch.Tensor, quantization: Quantization = "none", row_blocks: QuantBlocks | None = None
+    weight: torch.Tensor, quantization: Quantization = "none"
 ) -> Projection | SplitProjection | QuantizedProjection:
     """The output head: split where it is large and on CPU, else one projection. Keeps the plain weight
-    unless quantized (the grammar-restricted head selects rows of it). row_blocks: see SplitProjection."""
+    unless quantized (the grammar-restricted head selects rows of it)."""
     if weight.device.type == "cpu" and weight.numel() >= SPLIT_MIN_ELEMENTS:
-        return SplitProjection(weight, keep_plain=True, quantization=quantization, row_blocks=row_blocks)
+        return SplitProjection(weight, keep_plain=True, quantization=quantization)
     if quantizable(weight, quantization):
         return QuantizedProjection(weight, None, quantization)
     return Projection(weight, keep_plain=True)

@@ -313,10 +313,14 @@ def test_quantization_needs_corrals_decoder_on_cpu(cache_root: Path) -> None:
 
 
 def test_without_fbgemm_auto_falls_back_to_int8_and_fbgemm_modes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ARM builds of torch carry no fbgemm: `auto` serves a GGUF model in int8 there, and fp16/w8a8 say why not."""
+    """`auto` serves a GGUF from its own blocks where ggml is installed, else in fp16; ARM builds of torch carry
+    no fbgemm: there it falls back to int8, and fp16/w8a8 say why not."""
     from server.models import loading
 
     cpu = torch.device("cpu")
+    monkeypatch.setattr(loading, "layer_graphs_available", lambda: True)
+    assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "gguf"
+    monkeypatch.setattr(loading, "layer_graphs_available", lambda: False)
     assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "fp16"
     monkeypatch.setattr(loading, "fbgemm_available", lambda: False)
     assert loading._check_quantization("auto", "corral", cpu, from_gguf=True) == "int8"

@@ -1,0 +1,131 @@
+"""A GGUF served from its own blocks (server/models/gguf_decoder.py): every step on ggml, the weights where the
+file lies. Small Llama, Qwen2 and Gemma 3 models are written as GGUF files the way llama.cpp's converter writes
+them (tests/engine/gguf_models.py) and checked against transformers' forward over the values their blocks
+decode to: prompts alone and beside decode rows in one step, decode rows of one and several tokens, rows past a
+sliding window, several slots; a restricted row's logits against the full head's; the weights never copied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gguf_models import VOCAB, write_small_gguf
+
+from server.engine.model_runner import ForwardRow, ModelRunner
+from server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
+from server.models.loading import LoadedModel
+from server.models.row_kernel import layer_graphs_available
+
+pytestmark = pytest.mark.skipif(
+    not layer_graphs_available(),
+    reason="ggml is off: the ggml extra is not installed (pip install -e '.[ggml]') or CORRAL_ROW_KERNEL says so",
+)
+
+ARCHS = ("llama", "qwen2", "gemma3")
+# The products round their inputs to 8 bits (as llama.cpp's do) and the cache holds float16: logits agree with
+# float32's within a few hundredths of their scale, where a wrong row, position or mask is off by the scale.
+TOLERANCE = 0.04
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    arch = str(request.param)
+    path = tmp_path_factory.mktemp(f"gguf-{arch}") / f"{arch}.gguf"
+    reference = write_small_gguf(path, arch)
+    decoder = load_gguf_decoder(path, reference.config, arch)
+    yield decoder, reference
+
+
+def _runner(model: GgufDecoder, slots: int = 4) -> ModelRunner:
+    loaded = LoadedModel(model=model, tokenizer=None, path=Path("."), name="small", vocab_size=VOCAB,
+                         stop_token_ids=(), revision_token_id=None, context_length=256,
+                         device=torch.device("cpu"), dtype=torch.float32, impl="corral", quantization="gguf")
+    return ModelRunner(loaded, max_batch=slots, max_len=128, prefix_cache=False)
+
+
+@torch.inference_mode()
+def _reference(model: Any, tokens: list[int]) -> torch.Tensor:
+    """transformers' logits at every position of `tokens` (one forward, no cache)."""
+    return model(torch.tensor([tokens])).logits[0].float()
+
+
+def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    scale = float(theirs.abs().max())
+    assert float((ours - theirs).abs().max()) <= TOLERANCE * scale
+
+
+def _sequence(seed: int, length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_prompts_and_decode_rows_match_transformers(written: tuple[Any, Any]) -> None:
+    """A 40-token prompt alone (past Gemma's 16-token window), then a step holding a second prompt beside the
+    first row's decode token (short and long rows in one graph), then decode steps of one and of three tokens a
+    row (a sampled token and forced ones) in two slots."""
+    decoder, reference = written
+    runner = _runner(decoder)
+    first, second = _sequence(1, 48), _sequence(2, 30)
+    logits = runner.forward([ForwardRow(1, 0, first[:40])])
+    _close(logits[0], _reference(reference, first[:40])[-1])
+    steps = decoder.graphs.prompt_steps
+    logits = runner.forward([ForwardRow(1, 40, first[40:41]), ForwardRow(3, 0, second[:25])])
+    assert decoder.graphs.prompt_steps == steps + 1
+    _close(logits[0], _reference(reference, first[:41])[-1])
+    _close(logits[1], _reference(reference, second[:25])[-1])
+    logits = runner.forward([ForwardRow(3, 25, second[25:28]), ForwardRow(1, 41, first[41:42])])
+    _close(logits[0], _reference(reference, second[:28])[-1])
+    _close(logits[1], _reference(reference, first[:42])[-1])
+    decode = decoder.graphs.decode_steps
+    for step in range(42, 48):
+        logits = runner.forward([ForwardRow(1, step, first[step : step + 1]), ForwardRow(3, step - 14, [7])])
+        _close(logits[0], _reference(reference, first[: step + 1])[-1])
+    assert decoder.graphs.decode_steps == decode + 6
+
+
+def test_one_row_and_a_batch_agree_on_every_row(written: tuple[Any, Any]) -> None:
+    """The same prompt in four slots at once (out of slot order) and alone: the same logits a row."""
+    decoder, _ = written
+    prompt = _sequence(3, 12)
+    batch = _runner(decoder).forward([ForwardRow(slot, 0, prompt) for slot in (2, 0, 3, 1)])
+    alone = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
+    for row in range(4):
+        torch.testing.assert_close(batch[row], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_restricted_row_gets_the_exact_logits_of_its_allowed_tokens(written: tuple[Any, Any]) -> None:
+    """A grammar-restricted row's allowed logits are the head's exact products (float32 dot products of the decoded
+    rows), every other token -inf; a full row's best logits are made the same exact values by `refine`."""
+    decoder, _ = written
+    runner = _runner(decoder)
+    prompt = _sequence(4, 10)
+    allowed = torch.tensor([3, 17, 200, 5])
+    restricted = runner.forward([ForwardRow(0, 0, prompt)], restrict=lambda: {0: allowed})
+    full = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
+    assert torch.isinf(restricted[0]).sum() == VOCAB - len(allowed)
+    hidden = runner._impl._hidden  # type: ignore[attr-defined]
+    exact = decoder.head.select(hidden, torch.zeros(len(allowed), dtype=torch.long), allowed)
+    torch.testing.assert_close(restricted[0, allowed], exact)
+    torch.testing.assert_close(full[0, allowed], exact, atol=0.05 * float(exact.abs().max()), rtol=0.0)
+    best = int(full[0].argmax())
+    with torch.inference_mode():
+        decoder.refine(full, hidden, [0], [1])
+    exact_best = decoder.head.select(hidden, torch.zeros(1, dtype=torch.long), torch.tensor([best]))
+    assert float(full[0, best]) == pytest.approx(float(exact_best[0]), abs=1e-5)
+
+
+def test_weights_stay_in_the_files_mapping(written: tuple[Any, Any]) -> None:
+    """Every weight ggml multiplies lies inside the file's memory map: nothing was copied or converted."""
+    decoder, _ = written
+    base = int(decoder.file._map.ctypes.data)
+    end = base + decoder.file._map.size
+    names = [name for name in decoder.file.index if name.endswith(".weight") and "norm" not in name]
+    assert names
+    for name in names:
+        pointer = int(decoder.file.weight(name).ggml_weight.contents.data)
+        assert base <= pointer < end
+    assert decoder.step_read_bytes() == sum(decoder.file.nbytes(n) for n in names if n != "token_embd.weight") + (
+        decoder.file.nbytes("token_embd.weight") if "output.weight" not in decoder.file else 0
+    )
