@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -90,6 +90,10 @@ def serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         return 2
+    problem = _memory_problem(loaded, settings)
+    if problem is not None:
+        print(f"corral: {problem}.", file=sys.stderr)
+        return 2
     service = Service(settings, loaded)
     service.start()
     logging.getLogger("corral").info("serving %s on http://%s:%d", service.model_name, settings.host, settings.port)
@@ -104,6 +108,27 @@ def serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
     return 0
+
+
+def _memory_problem(loaded: Any, settings: Settings) -> str | None:
+    """Why the model cannot be served in this machine's memory (None: it fits; a full KV cache that would not
+    is logged as a warning). Weights: what a step reads (a GGUF's blocks) or the parameters' bytes."""
+    from server.memory import available_bytes, memory_verdict
+
+    model = loaded.model
+    read = getattr(model, "step_read_bytes", None)
+    weights = int(read()) if callable(read) else sum(p.numel() * p.element_size() for p in model.parameters())
+    text = model.config.get_text_config()
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_dtype = getattr(model, "kv_dtype", loaded.dtype)
+    per_token = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * kv_dtype.itemsize
+    tokens = settings.max_batch * min(settings.max_model_len, loaded.context_length)
+    error, warning = memory_verdict(weights, per_token * tokens, available_bytes())
+    if warning is not None:
+        logging.getLogger("corral").warning("%s", warning)
+    return error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
