@@ -413,8 +413,8 @@ class AutoFallback:
                 compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
             except ApiError:
                 continue
-            log.warning("request %s: the answer from %s %s; regenerating with %s", prepared.request_id,
-                        used.backend, why, name)
+            log.info("request %s: the answer from %s %s; regenerating with %s", prepared.request_id, used.backend,
+                     why, name)
             return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
         return None
 
