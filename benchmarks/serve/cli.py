@@ -118,6 +118,10 @@ def _print_report(bench: Bench, results: dict[str, Any]) -> None:
     for line in ratio_lines(results["ratios"]):
         bench.console.print(line)
     bench.console.print(bandwidth_line(results["bandwidth"]))
+    memory = results.get("memory") or {}
+    sides = [f"{side} {m['pss_mb'] / 1024:.2f} GB" for side in ("corral", "peer") if (m := memory.get(side))]
+    if sides:
+        bench.console.print("memory (PSS over each server's processes, after the runs): " + ", ".join(sides))
     schemas = results["schemas"]
     bench.console.print(f"schemas used {len(schemas['used'])} of {schemas['requested']} requested; refused (400) "
                         f"{len(schemas['refused'])}; other errors {len(schemas['errors'])}")

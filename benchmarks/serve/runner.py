@@ -22,6 +22,7 @@ from benchmarks.serve.report import throughput_plot
 from benchmarks.serve.server_proc import corral_server
 from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, summarize_run
 from benchmarks.serve.workload import CONSTRAINT_FIELDS, BenchCase, candidate_cases, kind_cases
+from benchmarks.soak.procinfo import group_pss_mb, listening_pid
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
     with corral_server(config.server, config.server_args, config.out / "server.log") as (base_url, server_command):
         driven = asyncio.run(drive(config, base_url, progress, peer_model))
         served = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]
+        memory = {"corral": server_memory(base_url), "peer": server_memory(config.peer_url)}
     readings.append(read_bandwidth())  # and after (the server stopped, when the benchmark started it)
     selection, runs = driven.selection, driven.runs
     baseline: dict[str, Any] | None = None
@@ -260,6 +262,9 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
         "peer": _peer_section(config, driven),
         "ratios": ratios,
         "bandwidth": bandwidth_section(readings, served, runs),
+        "memory": {**memory, "notes": "PSS summed over each server's processes (the server and its descendants: "
+                   "corral's compile workers), read after the timed runs; shared pages such as a memory-mapped "
+                   "model file count once. null: the server is not a local process this user can read."},
         "wall_s": time.perf_counter() - started,
         "machine": machine_notes(),
         "requests": [asdict(r) for r in driven.requests],
@@ -268,6 +273,18 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
                         str(throughput_plot(runs, baseline, config.out / "throughput.png", driven.peer_runs))]
     write_json(config.out, results)
     return results
+
+
+def server_memory(url: str | None) -> dict[str, Any] | None:
+    """The PSS (MB) of the local server behind `url`, over its process group, with its pid."""
+    if url is None:
+        return None
+    parsed = httpx.URL(url)
+    if parsed.host not in ("127.0.0.1", "localhost", "::1") or parsed.port is None:
+        return None
+    pid = listening_pid(parsed.port)
+    pss = group_pss_mb(pid) if pid is not None else None
+    return None if pid is None or pss is None else {"pid": pid, "pss_mb": pss}
 
 
 def _timed_cases(driven: Driven) -> list[BenchCase]:

@@ -1,4 +1,5 @@
-"""Resident memory and open file descriptors of a local process (and its descendants), read from /proc."""
+"""Resident memory and open file descriptors of a local process (and its descendants), read from /proc; the
+memory of a whole server (its process group's proportional set size) and which process listens on a port."""
 
 from __future__ import annotations
 
@@ -67,3 +68,50 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
     return kids
+
+
+def group_pss_mb(pid: int) -> float | None:
+    """The proportional set size of `pid` and its descendants, summed (MB): each shared page (a memory-mapped
+    model file, pages a forked worker shares with its parent) counted once over the processes that map it, so
+    two servers on the same file are compared fairly. None if `pid` cannot be read."""
+    total = 0.0
+    for member in [pid, *_descendants(pid)]:
+        try:
+            lines = (PROC / str(member) / "smaps_rollup").read_text().splitlines()
+        except OSError:
+            if member == pid:
+                return None
+            continue
+        total += sum(int(line.split()[1]) for line in lines if line.startswith("Pss:")) / 1024
+    return round(total, 1)
+
+
+_LISTEN = "0A"
+
+
+def listening_pid(port: int) -> int | None:
+    """The local process listening on TCP `port` (IPv4 or IPv6), found through its socket's inode; None if no
+    process this user can read listens there."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for process in PROC.iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(fd) for fd in (process / "fd").iterdir()]
+        except OSError:
+            continue
+        if inodes.intersection(links):
+            return int(process.name)
+    return None
+

@@ -36,3 +36,29 @@ def test_grandchildren_are_counted() -> None:
             os.kill(int(pid), 9)
         child.kill()
         child.wait()
+
+
+def test_a_listening_server_is_found_by_its_port_and_its_group_memory_read() -> None:
+    """`corral bench serve` reads each server's memory (PSS over its processes) through the port it listens on."""
+    import socket
+    import subprocess
+    import sys
+
+    from benchmarks.soak.procinfo import group_pss_mb, listening_pid
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (f"import socket, subprocess, sys, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "print('ready', flush=True); time.sleep(30)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        assert listening_pid(port) == server.pid
+        alone = group_pss_mb(server.pid)
+        assert alone is not None and alone > 1.0  # a Python interpreter and its child, each a few MB
+    finally:
+        server.kill()
+        server.wait()
+    assert listening_pid(port) is None

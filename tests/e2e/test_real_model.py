@@ -19,8 +19,8 @@ from conftest import RunningServer, serving
 from pydantic import BaseModel, ConfigDict
 
 from mediation import Mediator, OutputSchema
-from server.models.block_screen import block_screen_available
 from server.models.head_screen import exact_product
+from server.models.row_kernel import layer_graphs_available
 
 MODEL = "gemma-3-270m"
 
@@ -136,19 +136,18 @@ def test_an_agent_forcing_its_tool_beside_an_output_type_calls_it(gemma: Running
 def test_models_names_the_real_model(gemma: RunningServer) -> None:
     listed = httpx.get(f"{gemma.base_url}/v1/models", timeout=10).json()
     assert [m["id"] for m in listed["data"]] == [MODEL]
-    # Gemma 3 270M's projections and head (268,042,240 of its 268,098,176 weights; the rest are norms), in fp16
-    # (`--quantization auto` for a model from a GGUF): two bytes a weight; activations stay float32. What a
-    # greedy step of one row reads: the layers' fp16 and a screen of the 262,144 x 640 head
-    # (server/models/screens.py): with ggml, its Q8_0 blocks (34 bytes per 32 weights); else, where fbgemm's
-    # 8-bit sums are exact, its integer screen (a byte a weight, a float32 scale and 16 float32 outlier weights
-    # per token); else the fp16 head itself.
+    # `--quantization auto` serves the GGUF from its own blocks where ggml is installed: what a step of one row
+    # reads is the layers' blocks and the tied head's (the Q8_0 embedding), 246 MB of the 253 MB file.
     model = listed["data"][0]
+    if layer_graphs_available():
+        assert (model["dtype"], model["quantization"]) == ("float32", "gguf")
+        assert 240e6 < model["weight_bytes"] < 250e6
+        return
+    # Without ggml, fp16: two bytes a weight for the projections (268,042,240 of its 268,098,176 weights; the rest
+    # are norms); the head screened in 8 bits where fbgemm's sums are exact (server/models/screens.py).
     assert (model["dtype"], model["quantization"]) == ("float32", "fp16")
     vocab, width = 262_144, 640
-    if block_screen_available(width):
-        head = vocab * width // 32 * 34
-    else:
-        head = vocab * (width + 4 + 4 * 16) if exact_product(width) else 2 * vocab * width
+    head = vocab * (width + 4 + 4 * 16) if exact_product(width) else 2 * vocab * width
     assert model["weight_bytes"] == 2 * (268_042_240 - vocab * width) + head
 
 
