@@ -87,8 +87,10 @@ class Settings(BaseSettings):
 
     model: str | None = Field(
         None,
-        description="a built-in model (gemma-3-270m, the default; corral-tiny, a tiny random model for tests), "
-        "a Hugging Face causal-LM directory, or a .gguf file (converted once into $CORRAL_CACHE_DIR)",
+        description="a built-in model (qwen2.5-coder-1.5b-instruct, the default: chat, tools, JSON; gemma-3-270m, "
+        "a small base model, fast under a schema; corral-tiny, a tiny random model for tests), a Hugging Face "
+        "causal-LM directory, or a .gguf file (served from its own blocks; its config and tokenizer written once "
+        "into $CORRAL_CACHE_DIR)",
     )
     chat_template: Path | None = Field(None, description="a Jinja chat template file that replaces the model's")
     served_model_name: str | None = Field(None, description="model id reported by /v1/models")
@@ -106,9 +108,9 @@ class Settings(BaseSettings):
         description="quantization of corral's decoder on CPU, through torch's kernels: int8 weights (per output "
         "channel), int4 weights (groups of 32, int8 head), w8a8 (int8 weights; the head's inputs int8 too, "
         "fbgemm), fp16 (16-bit weights, float32 products, fbgemm), fp16-w8a8 (fp16 layers, w8a8's head), or "
-        "gguf (a GGUF model's own 4-8-bit blocks on ggml for steps of up to 4 tokens, fp16 for more; needs the "
-        "ggml extra); none keeps the serving dtype; auto: fp16 for a model converted from a GGUF (the built-in "
-        "gemma-3-270m, FILE.gguf), else none",
+        "gguf (a GGUF's own 4-8-bit blocks, memory-mapped, every step on ggml, as llama.cpp serves it; needs the "
+        "ggml extra); the float modes convert a GGUF once into a checkpoint; none keeps the serving dtype; auto: "
+        "gguf for a GGUF (the built-ins, FILE.gguf; fp16 without ggml), else none",
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(

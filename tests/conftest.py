@@ -32,7 +32,7 @@ SAMPLE_BENCH = REPO / "tests" / "data" / "jsonschemabench_sample"
 # Tests build the default model once per machine into a cache the suite owns.
 os.environ.setdefault("CORRAL_CACHE_DIR", str(Path.home() / ".cache" / "corral"))
 # Tests serve the tiny random model (fast) unless they name another; subprocesses inherit this. The tests that
-# need the real default model (gemma-3-270m) ask for it by name.
+# need a real model (qwen2.5-coder-1.5b-instruct, the default; gemma-3-270m) ask for it by name.
 os.environ.setdefault("CORRAL_MODEL", "corral-tiny")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

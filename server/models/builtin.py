@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 QWEN = "qwen2.5-coder-1.5b-instruct"
 GEMMA = "gemma-3-270m"
 TINY = "corral-tiny"
-DEFAULT_MODEL = GEMMA
+DEFAULT_MODEL = QWEN
 # Bump when a conversion's output changes, so older cache entries are ignored rather than reused.
 CONVERSION_VERSION = "v1"
 HEADER_VERSION = "header-v1"

