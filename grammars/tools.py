@@ -19,6 +19,7 @@ allows beside the spelled-out text; either way the answer's text holds the marke
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -245,10 +246,46 @@ def scan(grammar: ToolGrammar, text: str, *, final: bool = True) -> Scan:
             return calls
         return Scan(content=text)
     if grammar.mode == "auto" and not text.startswith(fmt.marker):
-        if final or not fmt.marker.startswith(text):
-            return Scan(content=text)
-        return Scan()  # still a prefix of the marker: text or call, not known yet
+        if final:
+            written = written_as_text(grammar, text)
+            return Scan(calls=[written]) if written is not None else Scan(content=text)
+        if fmt.marker.startswith(text) or _may_be_written_call(text):
+            return Scan()  # a prefix of the marker, or of a call written as JSON text: not known yet
+        return Scan(content=text)
     return _scan_calls(grammar, text, final)
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```$", re.DOTALL)
+
+
+def written_as_text(grammar: ToolGrammar, text: str) -> ScannedCall | None:
+    """Under `auto`, an answer that is one call written as JSON text instead of in the format's markers — a
+    ```json block or a bare object `{"name": TOOL, "arguments": {...}}`, as Qwen2.5-Coder 1.5B writes its calls
+    unprompted (so does it through llama-server on the same file) — read as that call, when it names a known
+    tool and its arguments hold under the tool's full schema. Anything else stays text."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced is not None:
+        body = fenced.group(1).strip()
+    if not body.startswith("{"):
+        return None
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or set(value) not in ({"name", "arguments"}, {"name", "parameters"}):
+        return None
+    tool = grammar.tool(value["name"]) if isinstance(value["name"], str) else None
+    arguments = value.get("arguments", value.get("parameters"))
+    if tool is None or not isinstance(arguments, dict) or schema_error(tool.parameters, arguments) is not None:
+        return None
+    return ScannedCall(tool.name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _may_be_written_call(text: str) -> bool:
+    """Whether a streamed `auto` answer may still turn out to be a call written as JSON text (held back)."""
+    head = text.lstrip()
+    return head.startswith(("{", "```")) or (bool(head) and "```".startswith(head))
 
 
 def _scan_calls(grammar: ToolGrammar, text: str, final: bool) -> Scan:

@@ -90,6 +90,42 @@ def test_a_partial_answer_that_could_still_be_either_is_undecided() -> None:
     assert scan(grammar, "<toy", final=False).content == "<toy"
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```',
+     '{"name": "get_weather", "arguments": {"city": "Oslo"}}', '\n```\n{"name": "get_weather", "parameters": '
+     '{"city": "Oslo"}}\n```\n'],
+    ids=["fenced", "bare", "parameters"],
+)
+def test_under_auto_a_call_written_as_json_text_is_read_as_the_call(text: str) -> None:
+    """Qwen2.5-Coder 1.5B writes its `auto` calls as a ```json block (through llama-server too): a known tool with
+    arguments valid under its schema is that call, in the format's compact spelling."""
+    check = validate_output(tool_calls_spec(TOOLS, mode="auto", format="hermes"), text)
+    assert check.valid and check.value.content is None
+    assert [(c.name, c.arguments) for c in check.value.calls] == [("get_weather", '{"city": "Oslo"}')]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['```json\n{"name": "add", "arguments": {"a": 2}}\n```',  # no such tool
+     '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 0}}',  # breaks the schema
+     '{"name": "get_weather", "arguments": {"city": "Oslo"}, "note": 1}',  # more than a call
+     '```python\nprint(1)\n```', '{"name": "get_weather"'],
+)
+def test_under_auto_json_text_that_is_not_a_valid_call_stays_text(text: str) -> None:
+    check = validate_output(tool_calls_spec(TOOLS, mode="auto", format="hermes"), text)
+    assert check.valid and check.value.content == text and not check.value.calls
+
+
+def test_a_streamed_auto_answer_that_may_be_a_written_call_is_held_until_it_ends() -> None:
+    grammar = ToolGrammar.of(tool_calls_spec(TOOLS, mode="auto", format="hermes"))
+    for partial in ("`", "``", "```json\n{", '{"name": "get_'):
+        assert scan(grammar, partial, final=False) == scan(grammar, "", final=False)  # nothing sent yet
+    assert scan(grammar, "Sunny", final=False).content == "Sunny"
+    typed = ToolGrammar.of(tool_calls_spec(TOOLS, mode="auto", text_schema={"type": "object"}))
+    assert scan(typed, '{"name": "get_weather", "arguments": {"city": "Oslo"}}').content is not None  # JSON text
+
+
 @pytest.mark.parametrize("marker", [fmt.marker for fmt in FORMATS.values()])
 def test_text_branch_regex_refuses_exactly_what_starts_with_the_marker(marker: str) -> None:
     pattern = re.compile(not_starting_with(marker))
