@@ -74,6 +74,7 @@ class GgufDecoder(torch.nn.Module):
             raise ValueError(f"corral's decoder cannot run this model: {reason}")
         self.file, self.config, self.arch = file, config, arch
         self.shape: DecoderShape = decoder_shape(config)
+        file.repack(self._layer_weight_names())  # before the graphs take the weights
         s = self.shape
         self.rope_types = tuple(dict.fromkeys(s.layer_types))
         ropes = [self._rope(config, t) for t in self.rope_types]

@@ -10,6 +10,8 @@ out, a few hundred KB.
 from __future__ import annotations
 
 import ctypes
+import mmap
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,51 @@ from server.models.gguf_header import GGUFHeaderError, TensorInfo, read_tensor_i
 from server.models.row_kernel import ggml_modules
 
 _F32, _F16 = 0, 1
+
+
+# ggml types whose products have an interleaved layout and kernels on AVX2 (ggml-cpu's repack: Q4_0, Q4_K, IQ4_NL).
+_REPACKABLE = frozenset({2, 12, 20})
+
+
+def _function(name: str, result: Any, *arguments: Any) -> Any:
+    """A ggml function through ctypes with pointer-sized types: the bindings declare some pointer results as int,
+    which cuts them to 32 bits."""
+    ggml, _ = ggml_modules()
+    function = getattr(ggml.lib, name)
+    function.restype, function.argtypes = result, list(arguments)
+    return function
+
+
+def repack_buffer_type() -> Any:
+    """ggml's CPU_REPACK buffer type (weights in its kernels' interleaved layouts), or None where ggml has none."""
+    reg = _function("ggml_backend_cpu_reg", ctypes.c_void_p)()
+    device = _function("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(reg, 0)
+    address = _function("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+        reg, b"ggml_backend_dev_get_extra_bufts")
+    if not reg or not device or not address:
+        return None
+    kinds = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(device)
+    name = _function("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+    index = 0
+    while kinds and kinds[index]:
+        if name(kinds[index]) == b"CPU_REPACK":
+            return kinds[index]
+        index += 1
+    return None
+
+
+def _alloc_tensors(ctx: Any, kind: Any) -> Any:
+    return _function("ggml_backend_alloc_ctx_tensors_from_buft", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+        ctypes.cast(ctx, ctypes.c_void_p), kind)
+
+
+def _tensor_set(tensor: Any, source: int, nbytes: int) -> None:
+    _function("ggml_backend_tensor_set", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)(
+        ctypes.cast(tensor, ctypes.c_void_p), ctypes.c_void_p(source), 0, nbytes)
+
+
+def _buffer_free(buffer: Any) -> None:
+    _function("ggml_backend_buffer_free", None, ctypes.c_void_p)(buffer)
 
 
 class GGUFTensorError(ValueError):
@@ -49,8 +96,12 @@ class GgufFile:
         except (GGUFHeaderError, OSError) as exc:
             raise GGUFTensorError(f"{path} is not a readable GGUF file: {exc}") from exc
         self.path = path
-        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        with open(path, "rb") as handle:
+            self._mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map = np.frombuffer(self._mapping, dtype=np.uint8)
         self._base = int(self._map.ctypes.data)
+        self._repacked: list[tuple[Any, Any]] = []  # (context, buffer) of weights repacked for ggml's GEMM kernels
+        self.repacked_bytes = 0
         ggml, _ = ggml_modules()
         self._ggml = ggml
         overhead = int(ggml.ggml_tensor_overhead())
@@ -91,6 +142,55 @@ class GgufFile:
         self._weights[name] = made
         return made
 
+    def repack(self, names: Iterable[str]) -> int:
+        """Repack the named weights that ggml's CPU kernels take in an interleaved layout on this CPU (on AVX2: Q4_0,
+        Q4_K, IQ4_NL with rows in multiples of 8) into a buffer of that layout, as llama.cpp does at load: their
+        products then run ggml's GEMM/GEMV kernels for it (measured on Qwen2.5 1.5B here: a 256-token prompt 36
+        against 28 tokens/s, a step of 8 rows 320 against 364 ms). The file's pages of those weights are released
+        from this process (the copy replaces them, the memory stays one weight's worth). Returns the bytes
+        repacked; 0 where ggml offers no such layout. Call before `weight` hands the weights out."""
+        kind = repack_buffer_type()
+        wanted = [n for n in names if self._repackable(n)] if kind is not None else []
+        if not wanted:
+            return 0
+        ggml = self._ggml
+        overhead = int(ggml.ggml_tensor_overhead())
+        ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=overhead * (len(wanted) + 4), mem_buffer=None,
+                                                   no_alloc=True))
+        made = {}
+        for name in wanted:
+            info = self.info(name)
+            made[name] = ggml.ggml_new_tensor_2d(ctx, info.ggml_type, info.dims[0], info.dims[1])
+        buffer = _alloc_tensors(ctx, kind)
+        if not buffer:
+            ggml.ggml_free(ctx)
+            size = sum(self.nbytes(n) for n in wanted)
+            raise MemoryError(f"ggml could not allocate {size} bytes of repacked weights")
+        self._repacked.append((ctx, buffer))
+        total = 0
+        for name, tensor in made.items():
+            if not tensor.contents.extra:  # ggml chose no layout for it after all: it stays where it lies
+                continue
+            info, nbytes = self.info(name), self.nbytes(name)
+            _tensor_set(tensor, self._base + info.offset, nbytes)
+            self._weights[name] = MappedWeight(name, tensor, info.ggml_type, info.dims[0], info.dims[1], nbytes)
+            self._release(info.offset, nbytes)
+            total += nbytes
+        self.repacked_bytes += total
+        return total
+
+    def _repackable(self, name: str) -> bool:
+        info = self.index.get(name)
+        return (info is not None and len(info.dims) == 2 and info.ggml_type in _REPACKABLE
+                and info.dims[1] % 8 == 0 and name not in self._weights and bool(self._ggml.ggml_cpu_has_avx2()))
+
+    def _release(self, offset: int, nbytes: int) -> None:
+        """Drop this process's mapping of a range it no longer reads (whole pages inside it)."""
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def floats(self, name: str) -> torch.Tensor:
         """A float tensor (F32 or F16 in the file) copied out as float32, in torch's order (the row last)."""
         info = self.info(name)
@@ -115,6 +215,10 @@ class GgufFile:
         if self._ctx:
             self._ggml.ggml_free(self._ctx)
             self._ctx = None
+        for ctx, buffer in self._repacked:
+            _buffer_free(buffer)
+            self._ggml.ggml_free(ctx)
+        self._repacked = []
 
     def __del__(self) -> None:
         self.close()

@@ -29,6 +29,7 @@ it is off.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -48,6 +49,21 @@ try:
 except ImportError:  # the optional `ggml` extra is not installed: fbgemm serves every row
     _ggml = None
     _ggml_utils = None
+
+_log = logging.getLogger("ggml")
+# ggml's log levels (ggml.h) as Python's: its per-tensor notes (e.g. each weight repacked at load) are debug.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+def _forward_log(level: int, text: bytes | None, _: Any) -> None:
+    message = (text or b"").decode("utf-8", "replace").rstrip()
+    if message:
+        _log.log(_LEVELS.get(level, logging.DEBUG), "%s", message)
+
+
+if _ggml is not None:  # ggml writes to stderr unless given a callback; kept referenced for the process's life
+    _LOG_CALLBACK = _ggml.ggml_log_callback(_forward_log)
+    _ggml.ggml_log_set(_LOG_CALLBACK, None)
 
 SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed), "products" or "torch"
 LAYER_MAX_ROWS = 16  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
