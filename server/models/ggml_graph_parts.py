@@ -152,9 +152,12 @@ class GraphContext:
         )
         return qkv, rotated
 
-    def layer_tail(self, layer: LayerParts, x: Any, attention: Any) -> Any:
-        """The rest of a layer from its attention output [q_size, T]: o, the residual add, the MLP's."""
+    def layer_tail(self, layer: LayerParts, x: Any, attention: Any, rows: Any = None) -> Any:
+        """The rest of a layer from its attention output [q_size, T]: o, the residual add, the MLP's. `rows`
+        (the last layer's): only these tokens go on, the rest of the step needs no more of this layer."""
         g, s, ctx = self.ggml, self.shape, self.ctx
+        if rows is not None:
+            attention, x = g.ggml_get_rows(ctx, attention, rows), g.ggml_get_rows(ctx, x, rows)
         out = self.product(layer.o, attention, layer.o_bias)
         if layer.attn_out_norm is not None:
             out = self.norm(out, layer.attn_out_norm)

@@ -212,8 +212,11 @@ class _StepGraph:
                 attention = ggml.ggml_concat(c.ctx, attention, more, 1)
             if self._order is not None:
                 attention = ggml.ggml_get_rows(c.ctx, attention, self._order)
-            x = c.layer_tail(layer, x, attention)
-        x = c.norm(ggml.ggml_get_rows(c.ctx, x, last), steps.final_norm)
+            # The last layer's o projection and MLP only for the tokens whose hidden state is wanted (a prompt's
+            # last): the rest of a prompt needed this layer's keys and values alone.
+            gather = last if i == len(layers) - 1 and outputs < tokens else None
+            x = c.layer_tail(layer, x, attention, gather)
+        x = c.norm(x if outputs < tokens else ggml.ggml_get_rows(c.ctx, x, last), steps.final_norm)
         ggml.ggml_set_output(x)
         self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
         ggml.ggml_build_forward_expand(self.graph, x)

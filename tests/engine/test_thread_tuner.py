@@ -129,3 +129,19 @@ def test_one_configured_count_is_set_on_the_thread_that_steps() -> None:
     thread.join()
     assert seen == [2]
     assert torch.get_num_threads() == before  # the caller's thread is left alone
+
+
+def test_a_prompt_runs_on_every_thread_without_trials() -> None:
+    """Large forwards (prompts) take all the threads and are never measured on fewer: a trial would cost the
+    whole prompt twice over; steps of few tokens keep their trials."""
+    from server.engine.thread_tuner import LARGE_FORWARD_TOKENS, TorchThreads, choose_threads
+
+    tuner = ThreadTuner([1, 2], warmup=2)
+    threads = TorchThreads()
+    used: list[int] = []
+    threads.use = used.append  # type: ignore[method-assign]
+    for _ in range(5):
+        assert choose_threads(tuner, threads, False, LARGE_FORWARD_TOKENS) is None
+    assert used == [2] * 5 and tuner.snapshot() == {}
+    chosen = choose_threads(tuner, threads, False, 1)
+    assert chosen is not None and chosen[1] == 1  # a decode step still tries the first count first
