@@ -67,8 +67,11 @@ class _Cursor:
                 return None
             if item == STRING and not keep:  # a vocabulary: step over each string by its length alone
                 at, data, length = self.at, self.data, struct.Struct("<Q")
-                for _ in range(count):
-                    at += 8 + length.unpack_from(data, at)[0]
+                try:
+                    for _ in range(count):
+                        at += 8 + length.unpack_from(data, at)[0]
+                except struct.error as exc:
+                    raise GGUFHeaderError("a string array runs past the end of the file") from exc
                 if at > len(data):
                     raise GGUFHeaderError("a string array runs past the end of the file")
                 self.at = at
