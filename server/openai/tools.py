@@ -39,10 +39,14 @@ class Function:
     parameters: dict[str, Any]
 
     def openai(self) -> dict[str, Any]:
-        """As OpenAI's `tools[i]` (what chat templates with native tool support expect)."""
-        function: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        """As OpenAI's `tools[i]` (what chat templates with native tool support expect), in OpenAI's key order:
+        a template writes the tools with `tojson`, keys as given, so this order is the prompt llama-server and vLLM
+        render from the same request (and the one models are trained on). With `parameters` before `description`,
+        Qwen2.5-Coder 1.5B's greedy answer to a weather question under `auto` opened with `{{` instead of ```."""
+        function: dict[str, Any] = {"name": self.name}
         if self.description is not None:
             function["description"] = self.description
+        function["parameters"] = self.parameters
         return {"type": "function", "function": function}
 
 

@@ -69,6 +69,17 @@ def test_a_template_with_tools_gets_them_natively(default_tokenizer: Any) -> Non
     assert '<tool_call>search {"q": "cats"}</tool_call>' in text  # arguments as an object, for the template
 
 
+def test_a_template_gets_each_tool_in_openais_key_order(default_tokenizer: Any) -> None:
+    """`tojson` writes keys as given, so the tools reach the template as OpenAI spells them (name, description,
+    parameters): the prompt llama-server and vLLM render from the same request. With `parameters` first, Qwen2.5
+    Coder 1.5B's greedy answer to a weather question under `auto` changed from a ```json call to `{{...}}}`."""
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer.name_or_path)
+    tokenizer.chat_template = NATIVE_TEMPLATE
+    messages = [ChatMessage(role="user", content="find cats")]
+    text = tokenizer.decode(prompt_ids(tokenizer, messages, parse_tools(TOOLS, None, True), "hermes"),
+                            skip_special_tokens=True)
+    assert text.startswith(f"<tools>{json.dumps(TOOLS)}</tools>")
+
 def test_format_detection(default_tokenizer: Any) -> None:
     assert detect_format("auto", default_tokenizer) == "llama3_json"
     assert detect_format("mistral", default_tokenizer) == "mistral"
