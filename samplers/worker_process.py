@@ -121,7 +121,8 @@ def settle_memory() -> None:
     """Before the zygote forks: free what building the tables left (the pickled tokenizer, once the backends hold
     their own tables; glibc keeps freed memory unless asked), and move every surviving object out of the
     collector's reach (`gc.freeze`), so a forked worker's collections never write to — and so copy — the pages it
-    shares with the zygote. Measured on Gemma 3's 262,144-token vocabulary: see docs/reliability.md."""
+    shares with the zygote. On Gemma 3's 262,144-token vocabulary the zygote and its three workers took 0.59 GB
+    (PSS) with this against 0.88 without (the tokenizer alone is ~0.3 GB)."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
