@@ -1,5 +1,5 @@
 """`corral bench ...`: the benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, engine, mediation, startup, fuzz, soak, quality, kinds), each from its package's cli.py on
+prefix, engine, mediation, startup, fuzz, soak, quality, kinds, paired), each from its package's cli.py on
 benchmarks.harness.
 
 server/cli.py imports this module only for `corral bench`; building these parsers loads no benchmark package
@@ -19,6 +19,7 @@ from benchmarks.projection.cli import add_projection_parser
 from benchmarks.quality.cli import add_quality_parser
 from benchmarks.sampler.cli import add_sampler_parser
 from benchmarks.serve.cli import add_peer_model_parser, add_serve_parser
+from benchmarks.serve.paired import add_paired_parser
 from benchmarks.soak.cli import add_soak_parser
 from benchmarks.startup.cli import add_startup_parser
 from benchmarks.tools.cli import add_tools_parser
@@ -32,5 +33,5 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     for add in (add_jsonschemabench_parser, add_serve_parser, add_peer_model_parser, add_tools_parser,
                 add_sampler_parser, add_projection_parser, add_prefix_parser, add_engine_parser,
                 add_mediation_parser, add_startup_parser, add_fuzz_parser, add_soak_parser, add_quality_parser,
-                add_kinds_parser):
+                add_kinds_parser, add_paired_parser):
         add(bench_sub)
