@@ -21,14 +21,16 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # ---- base: the Python the venv runs on (Debian's 3.11) --------------------------------------------------------
 FROM ${BASE_IMAGE} AS base
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# libgomp1: the OpenMP runtime ggml's kernels (the `ggml` extra, built in the builder) run on.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 ca-certificates \
+ && apt-get install -y --no-install-recommends python3 ca-certificates libgomp1 \
  && rm -rf /var/lib/apt/lists/*
 
 # ---- builder: a venv with the project's own pins; extra CAs live only in this stage -------------------------
 FROM base AS builder
+# A C compiler and cmake build ggml (the `ggml` extra: GGUF models served from their own blocks); they stay here.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv \
+ && apt-get install -y --no-install-recommends python3-venv python3-dev gcc g++ make cmake \
  && rm -rf /var/lib/apt/lists/*
 COPY deploy/docker/certs/ /tmp/certs/
 RUN find /tmp/certs -name '*.crt' -exec cp {} /usr/local/share/ca-certificates/ \; && update-ca-certificates
