@@ -4,9 +4,9 @@ A mode is how the answer is constrained: `unconstrained` (free text), corral's b
 `structured_outputs: {json | choice, backend}`, or the field a peer takes (vLLM: `structured_outputs`;
 llama.cpp's llama-server: its own top-level `json_schema`, read on /v1/completions and chat alike, or OpenAI's
 `response_format` json_schema, which it reads on chat only and ignores on /v1/completions). A tool
-task always goes to /v1/chat/completions (tools exist only there): constrained modes require a call
-(`tool_choice: "required"`), unconstrained sends the same tools with `tool_choice: "none"`, so the prompt is
-the same and the answer is free text."""
+task always goes to /v1/chat/completions (tools exist only there): constrained modes send `--tool-choice`
+(`required`, a call is forced; or `auto`, the model may answer in words instead), unconstrained sends the same
+tools with `tool_choice: "none"`, so the prompt is the same and the answer is free text."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ APIS = ("completions", "chat")
 BACKENDS = ("xgrammar", "llguidance", "auto")
 CORRAL_MODES = ("unconstrained", *BACKENDS)
 PEER_CONSTRAINTS = ("response_format", "structured_outputs", "json_schema")
+TOOL_CHOICES = ("required", "auto")  # what a constrained mode of a tool task sends
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # A base model asked for one line of JSON goes on to write the next example; a user stops it at the blank line.
 # Constrained answers get no stop string: the grammar ends them, and a stop string could cut one.
@@ -78,11 +79,19 @@ def constraint_fields(task: Task, mode: Mode) -> dict[str, Any]:
     raise ValueError(f"unknown constraint field {mode.field!r}")
 
 
+def check_tool_choice(tool_choice: str) -> None:
+    if tool_choice not in TOOL_CHOICES:
+        raise ValueError(f"--tool-choice must be one of {', '.join(TOOL_CHOICES)}, got {tool_choice!r}")
+
+
 def request(task: Task, item: Item, mode: Mode, *, api: str, shots: int, sampling: Sampling,
-            model: str | None = None, extra: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
-    """(api used, path, body) for one item under one mode."""
+            model: str | None = None, extra: dict[str, Any] | None = None,
+            tool_choice: str = "required") -> tuple[str, str, dict[str, Any]]:
+    """(api used, path, body) for one item under one mode; `tool_choice` is what a tool task's constrained
+    modes send."""
     if api not in APIS:
         raise ValueError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
+    check_tool_choice(tool_choice)
     used = "chat" if task.kind == "tool" else api
     body: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
                             "seed": sampling.seed}
@@ -91,7 +100,7 @@ def request(task: Task, item: Item, mode: Mode, *, api: str, shots: int, samplin
     else:
         body["messages"] = task.chat_messages(item, shots)
     if task.kind == "tool":
-        body.update(tools=list(task.tools), tool_choice="required" if mode.constrained else "none",
+        body.update(tools=list(task.tools), tool_choice=tool_choice if mode.constrained else "none",
                     parallel_tool_calls=False)
     elif not mode.constrained and used == "completions":
         body["stop"] = list(UNCONSTRAINED_STOP if task.kind == "json" else ["\n"])

@@ -11,6 +11,7 @@ from benchmarks.harness import Bench, bench_command, config_from_args, exit_on
 # Kept here as literals (not imported from the package) so that building the parser loads nothing else.
 MODES = ("unconstrained", "xgrammar", "llguidance", "auto")
 PEER_CONSTRAINTS = ("response_format", "structured_outputs", "json_schema")
+TOOL_CHOICES = ("required", "auto")
 
 
 def add_quality_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,7 +20,9 @@ def add_quality_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="task accuracy with and without constraints (JSONSchemaBench's quality axis)",
         description="Asks a model generated task suites with ground truth (field extraction, normalisation, "
         "classification as JSON and as a choice, a nested order, tool-call arguments, arithmetic with and "
-        "without a reasoning field) unconstrained and under each backend, and scores every answer: parse rate, "
+        "without a reasoning field; and, harder, a nested contact card, a list of records from a log with "
+        "corrections, dates and amounts to normalise, one call among twelve tools) unconstrained and under each "
+        "backend, and scores every answer: parse rate, "
         "valid rate (Draft 2020-12), exact and per-field accuracy, tokens per answer, tok/s, finish reasons. "
         "Writes OUT/results.json and OUT/quality.png. See docs/quality.md.",
         server="a running corral (default: start one as a subprocess and stop it at the end)",
@@ -37,6 +40,10 @@ def add_quality_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                        "(default all, 20)")
         p.add_argument("--shots", type=int, choices=(0, 1), default=1,
                        help="worked examples before the item (default 1)")
+        p.add_argument("--tool-choice", choices=TOOL_CHOICES, default="required",
+                       help="the tool_choice the constrained modes of a tool task send: required (a call is "
+                       "forced) or auto (the model may answer in words instead, scored as a miss with finish "
+                       "no_call); unconstrained always sends none (default required)")
         p.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default 128)")
         p.add_argument("--temperature", type=float, default=0.0, help="temperature (default 0, greedy)")
         p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
@@ -91,8 +98,9 @@ def _print_report(bench: Bench, report: dict[str, Any]) -> None:
     from benchmarks.quality.report import COLUMNS, table_rows
 
     config = report["config"]
-    bench.table(f"corral bench quality (api {config['api']}, {config['shots']}-shot, max_tokens "
-                f"{config['max_tokens']}, temperature {config['temperature']:g})", COLUMNS,
+    bench.table(f"corral bench quality (api {config['api']}, {config['shots']}-shot, tool_choice "
+                f"{config.get('tool_choice', 'required')}, max_tokens {config['max_tokens']}, temperature "
+                f"{config['temperature']:g})", COLUMNS,
                 table_rows(report["summary"]), left=("server", "task", "mode", "finish"))
     for row in report["summary"]:
         if row["refused"] or row["errors"]:
@@ -102,4 +110,7 @@ def _print_report(bench: Bench, report: dict[str, Any]) -> None:
             bench.console.print(f"{row['server']} {row['task']}/{row['mode']}: {row['unenforced']} of {row['items']} "
                                 "answers ended by themselves yet do not validate: the constraint was not enforced "
                                 "(a field the server ignores on this path, or a schema part its compiler dropped)")
+        if row.get("no_call"):
+            bench.console.print(f"{row['server']} {row['task']}/{row['mode']}: {row['no_call']} of {row['items']} "
+                                "answers were words, not a call (tool_choice auto), scored as misses")
     bench.wrote(*report["files"], wall_s=report["wall_s"])

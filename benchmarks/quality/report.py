@@ -22,9 +22,10 @@ def unenforced(answer: Answer) -> bool:
     """A constrained answer that ended by itself and does not validate: the server did not enforce (all of) the
     shape — it ignored the field on this path (llama-server reads `response_format` on chat only), or its
     grammar compiler dropped part of the schema (llama-server accepts any string for a `pattern` it cannot
-    convert)."""
+    convert). Words where tool_choice `auto` allowed them are not: that branch is free."""
     return (answer.mode != UNCONSTRAINED and answer.status == "ok" and answer.finish_reason in FINISHED
-            and answer.corral_finish_reason in (None, *FINISHED) and not answer.valid)
+            and answer.corral_finish_reason in (None, *FINISHED) and not answer.valid
+            and not answer.words_for_a_call)
 
 
 def _rate(count: int, total: int) -> float | None:
@@ -62,6 +63,7 @@ def summarise(answers: Sequence[Answer]) -> list[dict[str, Any]]:
             "cut": sum(a.finish_reason == BUDGET and a.corral_finish_reason != CLOSED for a in answered),
             "overlong": sum(a.overlong for a in group),
             "unenforced": sum(unenforced(a) for a in group),
+            "no_call": sum(a.words_for_a_call for a in group),  # tool_choice auto: answered in words
             "backends": dict(Counter(a.backend for a in answered if a.backend).most_common()),
         })
     return rows

@@ -13,7 +13,16 @@ from typing import Any
 
 from benchmarks.harness import write_json
 from benchmarks.quality.answers import Answer, judge
-from benchmarks.quality.bodies import APIS, CORRAL_MODES, Mode, Sampling, corral_mode, peer_modes, request
+from benchmarks.quality.bodies import (
+    APIS,
+    CORRAL_MODES,
+    Mode,
+    Sampling,
+    check_tool_choice,
+    corral_mode,
+    peer_modes,
+    request,
+)
 from benchmarks.quality.report import quality_plot, summarise
 from benchmarks.quality.suites import load_tasks
 from benchmarks.quality.tasks import Item, Task
@@ -36,6 +45,7 @@ class QualityBenchConfig:
     tasks: tuple[str, ...] = ()  # empty: every suite
     items: int | None = None  # per task; None: all of each suite
     shots: int = 1
+    tool_choice: str = "required"  # what the constrained modes of a tool task send (unconstrained: "none")
     max_tokens: int = 128
     temperature: float = 0.0
     concurrency: int = 4
@@ -56,6 +66,7 @@ class QualityBenchConfig:
         for name in self.modes:
             corral_mode(name)
         peer_modes(self.peer_constraint)
+        check_tool_choice(self.tool_choice)
         if self.shots not in (0, 1):
             raise ValueError(f"--shots must be 0 or 1, got {self.shots}")
         if self.max_tokens < 1 or self.concurrency < 1:
@@ -91,10 +102,11 @@ async def ask_all(base_url: str, api_key: str | None, side: Side, tasks: Sequenc
 
         async def one(task: Task, item: Item, mode: Mode) -> Answer:
             api, path, body = request(task, item, mode, api=config.api, shots=config.shots, sampling=sampling,
-                                      model=side.model, extra=side.extra)
+                                      model=side.model, extra=side.extra, tool_choice=config.tool_choice)
             async with gate:
                 reply = await post(client, path, body)
-            answer = judge(task, item, server=side.name, mode=mode.name, api=api, reply=reply)
+            answer = judge(task, item, server=side.name, mode=mode.name, api=api, reply=reply,
+                           tool_choice=body.get("tool_choice"))
             progress.advance(f"{task.name}/{mode.name}: {'right' if answer.exact else answer.finish}")
             return answer
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from benchmarks.quality.tasks import Compare, Item, Task
+from benchmarks.quality.tasks import Compare, Field, Item, Task
 
 NUMBER_TOLERANCE = 0.005  # amounts are cents: 1250.5 and 1250.50 are one value
 _WORD = re.compile(r"[A-Za-z]+")
+_DIGITS = re.compile(r"\D")
 _validators: dict[str, Draft202012Validator] = {}
 
 
@@ -121,29 +121,68 @@ def _singular(name: Any) -> str:
     return text[:-1] if text.endswith("s") and len(text) > 3 else text
 
 
-def _lines(value: Any) -> list[tuple[str, float | None]] | None:
-    """An order's items as (singular name, quantity) pairs, or None when they are not a list of records."""
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        return None
-    return [(_singular(v.get("name")), _number(v.get("qty"))) for v in value]
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
-def same(compare: Compare, truth: Any, value: Any) -> bool:
+def _same_records(keys: tuple[Field, ...], truth: Any, value: Any) -> bool:
+    """Whether `value` holds the truth's records and no others, in any order: a one-to-one pairing in which
+    each pair agrees on every key of `keys`. Greedy pairing is enough, since each key's comparison is an
+    equivalence (up to the numbers' tolerance)."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value) or len(value) != len(truth):
+        return False
+    left = list(value)
+    for want in truth:
+        match = next((r for r in left if all(k.name in r and same(k.compare, want[k.name], r[k.name], k.keys)
+                                             for k in keys)), None)
+        if match is None:
+            return False
+        left.remove(match)
+    return True
+
+
+ORDER_LINE = (Field("name", "noun"), Field("qty", "number"))
+
+
+def same(compare: Compare, truth: Any, value: Any, keys: tuple[Field, ...] = ()) -> bool:
+    """Whether `value` equals the truth up to the comparison named (`keys`: a "records" field's keys)."""
     if compare == "number":
         number = _number(value)
         return number is not None and abs(number - float(truth)) <= NUMBER_TOLERANCE
     if compare == "label":
         return isinstance(value, str) and value.strip().casefold() == str(truth).casefold()
     if compare == "items":
-        lines = _lines(value)
-        return lines is not None and Counter(lines) == Counter(_lines(truth) or [])
-    return isinstance(value, str | int | float) and not isinstance(value, bool) and _text(value) == _text(truth)
+        return _same_records(ORDER_LINE, truth, value)
+    if compare == "records":
+        return _same_records(keys, truth, value)
+    if not _scalar(value):
+        return False
+    if compare == "digits":
+        return _DIGITS.sub("", str(value)) == _DIGITS.sub("", str(truth))
+    if compare == "noun":
+        return _singular(value) == _singular(truth)
+    return _text(value) == _text(truth)
+
+
+def _at(value: Any, path: str) -> tuple[bool, Any]:
+    """(found, leaf): the value at a dotted path through nested objects."""
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value
 
 
 def _field_verdicts(task: Task, item: Item, truth: dict[str, Any], value: Any) -> dict[str, bool]:
-    record = value if isinstance(value, dict) else {}
-    return {f.name: f.name in record and same(f.compare, truth[f.name], record[f.name])
-            for f in task.scored_fields(item) if f.name in truth}
+    """Each scored field the truth has (a call: its own arguments), right or not; a leaf missing from the
+    answer, or under a parent that is not an object, is wrong."""
+    verdicts = {}
+    for f in task.scored_fields(item):
+        known, want = _at(truth, f.name)
+        if known:
+            found, got = _at(value, f.name)
+            verdicts[f.name] = found and same(f.compare, want, got, f.keys)
+    return verdicts
 
 
 def _unparsed(task: Task, item: Item, error: str) -> Verdict:

@@ -1,6 +1,6 @@
 """The task suites, generated from small templates with fixed seeds: the same items on every machine and run
-(`random.Random` seeded with a string is stable across Python versions and processes). Each suite has
-ITEMS items; `--items N` takes the first N."""
+(seeds.py). Each suite has ITEMS items; `--items N` takes the first N. The harder suites are in
+hard_suites.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import random
 from collections.abc import Callable
 from datetime import date
 
+from benchmarks.quality import hard_suites
+from benchmarks.quality.seeds import CURRENCIES, MONTHS
+from benchmarks.quality.seeds import ITEMS as ITEMS  # re-exported: callers count a suite's items here
+from benchmarks.quality.seeds import ordinal as _ordinal
+from benchmarks.quality.seeds import rng as _rng
 from benchmarks.quality.tasks import Field, Item, Task, closed_object
 
-ITEMS = 20
 LABELS = ("positive", "negative", "neutral")
-CURRENCIES = ("USD", "EUR", "GBP", "JPY")
-
-
-def _rng(task: str) -> random.Random:
-    return random.Random(f"corral-quality-{task}")
 
 
 # -- 1. field extraction -------------------------------------------------------------------------------------
@@ -57,8 +56,6 @@ def person() -> Task:
 
 
 # -- 2. normalisation ----------------------------------------------------------------------------------------
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
 DATE_STYLES: tuple[Callable[[date], str], ...] = (
     lambda d: f"{MONTHS[d.month - 1]} {d.day}, {d.year}",
     lambda d: f"{d.day} {MONTHS[d.month - 1]} {d.year}",
@@ -77,10 +74,6 @@ NORMALISE_TEMPLATES = (
     "The refund of {amount} was processed on {date}.",
     "{date}: membership renewed, {amount} charged to the card.",
 )
-
-
-def _ordinal(day: int) -> str:
-    return "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
 
 
 def normalise() -> Task:
@@ -314,6 +307,9 @@ def arithmetic() -> Task:
 SUITES: dict[str, Callable[[], Task]] = {
     "person": person, "normalise": normalise, "sentiment": sentiment, "sentiment_choice": sentiment_choice,
     "order": order, "tool_call": tool_call, "arithmetic_reasoning": arithmetic_reasoning, "arithmetic": arithmetic,
+    # Harder ones, for an instruct model, which answers the above unconstrained with few misses (hard_suites.py).
+    "contact_card": hard_suites.contact_card, "records": hard_suites.records,
+    "normalise_hard": hard_suites.normalise_hard, "tool_choice_many": hard_suites.tool_choice_many,
 }
 
 

@@ -9,14 +9,21 @@ from typing import Any, Literal
 
 Kind = Literal["json", "choice", "tool"]
 # How a field's value is compared with the truth (scoring.py): "text" case- and space-insensitive, "label"
-# case-insensitive, "number" numerically, "items" a multiset of {name, qty} records.
-Compare = Literal["text", "label", "number", "items"]
+# case-insensitive, "number" numerically, "digits" by its digits alone (a phone number however it is spaced),
+# "noun" as text without a plural "s", "records" a multiset of records compared key by key (`Field.keys`),
+# "items" such a multiset of {name (noun), qty (number)} order lines.
+Compare = Literal["text", "label", "number", "digits", "noun", "records", "items"]
 
 
 @dataclass(frozen=True)
 class Field:
+    """A scored field. `name` is a key of the answer, or a dotted path to a leaf of nested objects
+    ("address.city"), so that a nested answer is scored leaf by leaf; `keys` says how a "records" field compares
+    each record's keys (the keys not named are not compared)."""
+
     name: str
     compare: Compare = "text"
+    keys: tuple[Field, ...] = ()
 
 
 @dataclass(frozen=True)
