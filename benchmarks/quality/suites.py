@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from datetime import date
 
-from benchmarks.quality import hard_suites
+from benchmarks.quality import hard_suites, many_tools_suite
 from benchmarks.quality.seeds import CURRENCIES, MONTHS
 from benchmarks.quality.seeds import ITEMS as ITEMS  # re-exported: callers count a suite's items here
 from benchmarks.quality.seeds import ordinal as _ordinal
@@ -309,7 +309,7 @@ SUITES: dict[str, Callable[[], Task]] = {
     "order": order, "tool_call": tool_call, "arithmetic_reasoning": arithmetic_reasoning, "arithmetic": arithmetic,
     # Harder ones, for an instruct model, which answers the above unconstrained with few misses (hard_suites.py).
     "contact_card": hard_suites.contact_card, "records": hard_suites.records,
-    "normalise_hard": hard_suites.normalise_hard, "tool_choice_many": hard_suites.tool_choice_many,
+    "normalise_hard": hard_suites.normalise_hard, "tool_choice_many": many_tools_suite.tool_choice_many,
 }
 
 

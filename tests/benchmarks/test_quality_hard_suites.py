@@ -14,7 +14,8 @@ import pytest
 
 from benchmarks.quality.answers import NO_CALL, judge
 from benchmarks.quality.bodies import Mode, Sampling, corral_mode, peer_modes, request
-from benchmarks.quality.hard_suites import ELSEWHERE, MANY_TOOLS, OTHERS, in_words, ordinal_words
+from benchmarks.quality.hard_suites import ELSEWHERE, OTHERS, in_words, ordinal_words
+from benchmarks.quality.many_tools_suite import MANY_TOOLS
 from benchmarks.quality.report import summarise
 from benchmarks.quality.runner import QualityBenchConfig
 from benchmarks.quality.scoring import same, schema_error, score
