@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 
 class GrammarKind(StrEnum):
@@ -17,6 +17,18 @@ class GrammarKind(StrEnum):
     EBNF = "ebnf"  # GBNF / xgrammar EBNF: `root ::= ...`
     LARK = "lark"
     TOOL_CALLS = "tool_calls"  # source: grammars/tools.py's canonical JSON (format, mode, tools, ...)
+
+
+# Where a JSON answer may hold whitespace (GrammarSpec.whitespace). fixed: `", "` between items, `": "` after keys,
+# nothing else, one line. free: a bounded gap (FREE_GAP_*) between any two tokens, the model's own layout.
+JsonWhitespace = Literal["fixed", "free"]
+JSON_WHITESPACE: tuple[JsonWhitespace, ...] = get_args(JsonWhitespace)
+
+# free's bound on one gap, llama.cpp's json-schema-to-grammar `space` rule: one space, or one or two newlines and at
+# most this many spaces or tabs (an indent of 2 holds ten levels). Each gap is bounded and the gaps are separated by
+# JSON tokens, so a model cannot loop on whitespace. The backends write it in their own terms.
+FREE_GAP_NEWLINES = 2
+FREE_GAP_INDENT = 20
 
 
 def canonical_json(value: Any) -> str:
@@ -40,12 +52,17 @@ class GrammarSpec:
     # model write ` {` as one token; a grammar that must start at `{` forbids it and sends the answer down
     # another path from its first token (measured in docs/quality.md). The value itself is unchanged.
     leading_whitespace: bool = False
+    # JSON kinds: whitespace inside the value. An instruction-tuned model writes its JSON pretty-printed; `fixed`
+    # holds it to one line, `free` lets it keep its layout, each gap bounded (FREE_GAP_*).
+    whitespace: JsonWhitespace = "fixed"
 
     @property
     def key(self) -> str:
         digest = hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()
-        profile = (":decode_safe" if self.decode_safe else "") + (
-            ":leading_whitespace" if self.leading_whitespace else ""
+        profile = (
+            (":decode_safe" if self.decode_safe else "")
+            + (":leading_whitespace" if self.leading_whitespace else "")
+            + (f":whitespace_{self.whitespace}" if self.whitespace != "fixed" else "")
         )
         return f"{self.kind}:{digest[:24]}{profile}"
 
@@ -59,6 +76,13 @@ class GrammarSpec:
         """This spec with `leading_whitespace` set where it applies (JSON kinds); other kinds are returned as
         they are (a choice, regex or grammar says exactly what the text is)."""
         return replace(self, leading_whitespace=allowed) if self.is_json else self
+
+    def with_whitespace(self, mode: str) -> GrammarSpec:
+        """This spec with `whitespace` set where it applies (JSON kinds), as `with_leading_whitespace`."""
+        for known in JSON_WHITESPACE:
+            if mode == known:
+                return replace(self, whitespace=known) if self.is_json else self
+        raise ValueError(f"JSON whitespace is one of {', '.join(JSON_WHITESPACE)}, not {mode!r}")
 
     @property
     def is_json(self) -> bool:

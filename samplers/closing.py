@@ -176,12 +176,18 @@ class _Search:
             style = 2 if "-" in bare else 1 if not bare else 0
             if after.in_string and not bare.endswith('"') and len(bare) > 1:
                 style = 3  # `"}` opens a string with `}` in it: `"` alone, then what the string needs
+            elif scan.started and text[len(text.rstrip()) :] not in ("", " "):
+                style = max(style, 1)  # `[]\n` after `[]`: a gap only free whitespace allows, and none was written
             # Where a space is optional (GrammarSpec.leading_whitespace), `{` before ` {`: `{"` then follows as
             # one token, where ` {` would need `"` on its own, one token more.
             # Before an object starts, its longest opening first (`{"` before `{`): the syntax counts `{` nearer
             # its end, but a schema's required keys follow it anyway, and `"` then costs a token of its own.
             opening = -len(bare) if not scan.started and bare.startswith("{") else 0
-            return (opening, cost, int(unwanted), style, spaces, *rank)
+            # Whitespace alone last, whatever the syntax's count: where the grammar allows free whitespace
+            # (GrammarSpec.whitespace `free`) it clears a number being written, which the count reads as nearer
+            # the end, and the search spent the room on a gap's worth of spaces before each `,`.
+            idle = not bare
+            return (opening, int(idle), cost, int(unwanted), style, spaces, *rank)
 
         return sorted(ids, key=key)[:BRANCH]
 

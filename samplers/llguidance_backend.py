@@ -14,7 +14,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from grammars.lowering import choice_to_lark
-from grammars.spec import GrammarKind, GrammarSpec
+from grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
 from grammars.tools import ToolFormat, ToolGrammar, to_lark
 from samplers.backends.llguidance import NAME
 from samplers.protocol import CompileError, Matcher, TokenizerSpec
@@ -34,6 +34,15 @@ JSON_OPTIONS: JsonCompileOptions = {
 # The decode-safe profile (GrammarSpec.decode_safe, `auto` only, always behind the contract guard):
 # unimplemented keywords and unknown formats are skipped and oneOf is compiled as anyOf.
 RELAXED_JSON_OPTIONS: JsonCompileOptions = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
+# GrammarSpec.whitespace `free`: llama.cpp's `space` rule (grammars/spec.py FREE_GAP_*) as the skip between any
+# two JSON tokens, with bare separators. llguidance takes at most one skip per gap (two spaces in a row, or newlines
+# after the indent, are refused: tests/samplers/test_json_whitespace.py), so the pattern bounds the whole gap.
+FREE_WHITESPACE: JsonCompileOptions = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": f"(?: |\\n{{1,{FREE_GAP_NEWLINES}}}[ \\t]{{0,{FREE_GAP_INDENT}}})",
+    "item_separator": ",",
+    "key_separator": ":",
+}
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,8 @@ class LLGuidanceBackend:
             if spec.is_json:
                 schema = spec.schema() if spec.kind is GrammarKind.JSON_SCHEMA else {"type": "object"}
                 options = RELAXED_JSON_OPTIONS if spec.decode_safe else JSON_OPTIONS
+                if spec.whitespace == "free":
+                    options = {**options, **FREE_WHITESPACE}
                 if spec.leading_whitespace and isinstance(schema, dict):
                     # The schema embedded in Lark (`%json`, its options as `x-guidance`) after the optional
                     # whitespace, which no JSON value starts with (so the two never overlap in the lexer).

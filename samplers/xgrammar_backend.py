@@ -16,7 +16,7 @@ import xgrammar
 from grammars.combinator_siblings import distribute_siblings
 from grammars.features import schema_features
 from grammars.lowering import choice_to_ebnf
-from grammars.spec import GrammarKind, GrammarSpec
+from grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
 from grammars.tools import ToolGrammar, not_starting_with, tool_schemas
 from samplers.backends.xgrammar import IGNORED_KEYWORDS, NAME
 from samplers.forced_runs import forced_run_bound
@@ -32,6 +32,7 @@ BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth
 # JSONSchemaBench schemas stay under 150). A run may span frames, and recursion stacks them as deep as the
 # text written so far, so the bound is kept small: at 1,000 bytes a frame, even 8,000 frames force ~1.6 s.
 MAX_FORCED_RUN = 1_000
+FREE_GAP_MAX = FREE_GAP_NEWLINES + FREE_GAP_INDENT  # whitespace characters in one gap (GrammarSpec.whitespace free)
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,22 @@ class XGrammarBackend:
 
     def _grammar(self, spec: GrammarSpec) -> Any:
         if spec.is_json:
-            # No free whitespace: bounded output, no whitespace loops. xgrammar 0.2.8's generic
+            # `fixed`: no free whitespace (bounded output, no whitespace loops). xgrammar 0.2.8's generic
             # object/array rules always use ", " whatever `separators` says, so keep its defaults
             # (", " and ": ") to stay self-consistent.
             source = '{"type":"object"}'
             if spec.kind is GrammarKind.JSON_SCHEMA:
                 source = _xgrammar_schema(spec.schema(), spec.source)
-            value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
+            if spec.whitespace == "free":
+                # `free`: xgrammar bounds a gap by its length only, `[ \n\r\t]{0,N}` between any two tokens. N is
+                # the longest gap llama.cpp's rule allows (FREE_GAP_*), so every gap that rule allows is allowed
+                # here, and some it refuses too (several spaces, spaces before a newline, `\r`, three newlines),
+                # bounded all the same. Separators are then `,` and `:`, with a gap on either side.
+                value = xgrammar.Grammar.from_json_schema(
+                    source, any_whitespace=True, max_whitespace_cnt=FREE_GAP_MAX, strict_mode=False
+                )
+            else:
+                value = xgrammar.Grammar.from_json_schema(source, any_whitespace=False, strict_mode=False)
             return xgrammar.Grammar.concat(_LEADING_WHITESPACE, value) if spec.leading_whitespace else value
         if spec.kind is GrammarKind.REGEX:
             return xgrammar.Grammar.from_regex(spec.source)

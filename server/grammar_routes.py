@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from pydantic import ConfigDict
 
 from grammars.enforcement import keyword_enforcement
-from grammars.spec import GrammarKind
+from grammars.spec import GrammarKind, JsonWhitespace
 from server.errors import ApiError, bad_request
 from server.modes import MODES
 from server.openai.finish import FinishReason
@@ -28,6 +28,7 @@ class GrammarRequest(ConstraintFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     json_leading_whitespace: bool | None = None  # as on chat: compiles what a generation would
+    json_whitespace: JsonWhitespace | None = None
 
 
 def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
@@ -58,7 +59,7 @@ def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
         # The same parsing, limits and 400s as a chat request's constraint.
         tools = await service.off_loop(frontend.tools, req.tools, req.tool_choice, req.parallel_tool_calls)
         constraint = await service.off_loop(frontend.constraint, req, tools)
-        constraint = json_styled(constraint, req.json_leading_whitespace, service.settings)
+        constraint = json_styled(constraint, req.json_leading_whitespace, service.settings, req.json_whitespace)
         spec = constraint.spec
         if spec is None:
             raise bad_request("no constraint given: send response_format, structured_outputs or tools",

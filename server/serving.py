@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 from grammars.contract import has_tool_calls, validate_output
 from grammars.features import route
 from grammars.request import AUTO, ConstraintRequest
-from grammars.spec import GrammarSpec
+from grammars.spec import GrammarSpec, JsonWhitespace
 from grammars.validation import OutputCheck
 from samplers.closing import required_keys
 from samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
@@ -59,13 +59,17 @@ class Prepared:
     received: float
 
 
-def json_styled(constraint: ConstraintRequest, asked: bool | None, settings: Settings) -> ConstraintRequest:
-    """The constraint as generation compiles it: a JSON answer may start with one space or newline unless the
-    request (`json_leading_whitespace`) or the server (`--json-leading-whitespace`) says otherwise."""
+def json_styled(
+    constraint: ConstraintRequest, asked: bool | None, settings: Settings, layout: JsonWhitespace | None = None
+) -> ConstraintRequest:
+    """The constraint as generation compiles it: whether a JSON answer may start with one space or newline
+    (`json_leading_whitespace`, else `--json-leading-whitespace`) and where it may hold whitespace inside
+    (`json_whitespace`, else `--json-whitespace`)."""
     if constraint.spec is None:
         return constraint
     lead = settings.json_leading_whitespace if asked is None else asked
-    return replace(constraint, spec=constraint.spec.with_leading_whitespace(lead))
+    spec = constraint.spec.with_leading_whitespace(lead).with_whitespace(layout or settings.json_whitespace)
+    return replace(constraint, spec=spec)
 
 
 @dataclass
@@ -171,7 +175,7 @@ class Service:
         self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
     ) -> Prepared:
         """Compile the request's constraint (cached) and give it an id: ready for `run` or `stream`."""
-        constraint = json_styled(constraint, params.json_leading_whitespace, self.settings)
+        constraint = json_styled(constraint, params.json_leading_whitespace, self.settings, params.json_whitespace)
         compiled = await self.compile(constraint) if constraint.spec is not None else None
         return Prepared(
             f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received

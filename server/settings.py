@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grammars.limits import InputLimits
+from grammars.spec import JsonWhitespace
 
 T = TypeVar("T")
 
@@ -40,6 +41,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_revisions",
         "close_answers",
         "json_leading_whitespace",
+        "json_whitespace",
     ),
     "compile": (
         "backends",
@@ -144,6 +146,12 @@ class Settings(BaseSettings):
         description="let a JSON answer start with one space or newline, as a model writes ` {` after `JSON:` "
         "(the value is unchanged). Off by default: the answer starts at its first bracket or quote, which "
         "measured better on Gemma 3; a request's json_leading_whitespace overrides",
+    )
+    json_whitespace: JsonWhitespace = Field(
+        "fixed",
+        description="whitespace inside a JSON answer: fixed (one line, \", \" and \": \" only) or free (the "
+        "model's own layout, each gap between two tokens bounded: a space, or one or two newlines and an indent of "
+        "up to 20; on xgrammar any 22 whitespace characters); a request's json_whitespace overrides",
     )
     stall_whitespace_tokens: int = Field(
         64, ge=0, description="whitespace-only tokens in a row that end a request; 0: off"

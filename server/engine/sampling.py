@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grammars.spec import JsonWhitespace
 from server.engine.logprobs import TokenLogprob
 from server.engine.vocab_ops import draw, filter_logits, row_argmax
 
@@ -39,6 +40,7 @@ class SamplingParams:
     close_answers: bool | None = None  # None: the server's --close-answers (server/engine/answer_closing.py)
     # None: the server's --json-leading-whitespace (grammars/spec.py GrammarSpec.leading_whitespace)
     json_leading_whitespace: bool | None = None
+    json_whitespace: JsonWhitespace | None = None  # None: the server's --json-whitespace (GrammarSpec.whitespace)
 
     @property
     def greedy(self) -> bool:

@@ -197,6 +197,15 @@ FIELDS: tuple[FieldRule, ...] = (
         "the model writes it (default: the server's `--json-leading-whitespace`, off)",
         ALL,
     ),
+    FieldRule(
+        "json_whitespace",
+        CORRAL,
+        H,
+        "`fixed`: a JSON answer is one line, `\", \"` and `\": \"` its only whitespace; `free`: the model's own "
+        "layout, each gap between two tokens bounded (a space, or one or two newlines and an indent of up to 20; on "
+        "xgrammar any 22 whitespace characters) (default: the server's `--json-whitespace`, fixed)",
+        ALL,
+    ),
 )
 
 # Content part types of a chat message corral can read; the model is text-only.

@@ -109,6 +109,7 @@ class OpenAIFrontend:
             max_revisions=req.max_revisions,
             close_answers=req.close_answers,
             json_leading_whitespace=req.json_leading_whitespace,
+            json_whitespace=req.json_whitespace,
         )
 
     def _logit_bias(self, given: dict[str, float] | None) -> dict[int, float]:

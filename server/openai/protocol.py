@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grammars.spec import JsonWhitespace
 from server.errors import error_body as error_body  # the error shape lives in server/errors.py
 from server.openai.fields import Endpoint, screen
 
@@ -54,6 +55,9 @@ class _Request(ConstraintFields):
     close_answers: bool | None = Field(None, description="close a structured answer the budget would cut")
     json_leading_whitespace: bool | None = Field(
         None, description="allow one space or newline before a JSON answer (default: the server's setting)"
+    )
+    json_whitespace: JsonWhitespace | None = Field(
+        None, description="fixed: a one-line JSON answer; free: the model's own layout (default: the server's setting)"
     )
 
     @model_validator(mode="before")

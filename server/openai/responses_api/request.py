@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grammars.spec import JsonWhitespace
 from server.openai.fields import Endpoint, screen
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -37,6 +38,7 @@ class ResponsesRequest(BaseModel):
     max_revisions: int | None = Field(None, ge=0)
     close_answers: bool | None = None
     json_leading_whitespace: bool | None = None
+    json_whitespace: JsonWhitespace | None = None
 
     @model_validator(mode="before")
     @classmethod

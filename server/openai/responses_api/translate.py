@@ -82,6 +82,7 @@ def chat_form(req: ResponsesRequest) -> ChatForm:
         "max_revisions": req.max_revisions,
         "close_answers": req.close_answers,
         "json_leading_whitespace": req.json_leading_whitespace,
+        "json_whitespace": req.json_whitespace,
         "logprobs": _logprobs(req),
         "top_logprobs": req.top_logprobs if req.wants_logprobs() else None,
     }
