@@ -160,7 +160,8 @@ class Settings(BaseSettings):
     mask_budget_ms: float = Field(50.0, gt=0, description="per-row mask fill budget per step")
     mask_overruns: int = Field(8, ge=0, description="mask budget overruns tolerated per request")
     hung_step_timeout_s: float = Field(
-        60.0, gt=0, description="one engine step longer than this marks the server unhealthy"
+        60.0, gt=0, description="one engine step longer than this (this long for every 512 tokens it computes, for a "
+        "long prompt) marks the server unhealthy"
     )
     exit_on_hung_step: bool = Field(
         True, description="exit (for a supervisor to restart) after failing in-flight requests of a hung step"

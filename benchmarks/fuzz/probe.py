@@ -91,7 +91,7 @@ def judge_stream(request: Any, text: str) -> list[str]:
             continue
         for choice in chunk.get("choices") or []:
             _absorb(choice, contents, finishes, calls)
-    if events[-1] != "[DONE]" and not errored:
+    if events[-1] != "[DONE]" and not errored and not _responses_end(events[-1]):
         problems.append("stream ended without [DONE] or an error event")
     choices = []
     for index in sorted(set(contents) | set(finishes)):
@@ -99,6 +99,18 @@ def judge_stream(request: Any, text: str) -> list[str]:
         message = {"content": contents.get(index, ""), "tool_calls": tool_calls or None}
         choices.append({"index": index, "finish_reason": finishes.get(index), "message": message})
     return problems + fail_open_problems(request, {"choices": choices})
+
+
+# A Responses API stream has no `[DONE]`: its last event is one of these, with the whole response.
+RESPONSES_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def _responses_end(event: str) -> bool:
+    try:
+        chunk = json.loads(event)
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and chunk.get("type") in RESPONSES_ENDS
 
 
 def _absorb(choice: dict[str, Any], contents: dict[int, str], finishes: dict[int, Any],

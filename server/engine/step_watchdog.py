@@ -19,6 +19,16 @@ from server.engine.loop import EngineLoop
 log = logging.getLogger(__name__)
 
 EXIT_STATUS = 70  # EX_SOFTWARE: an internal error a restart may clear
+# A step that computes a long prompt is slow, not hung: its deadline grows by the base deadline for every this many
+# tokens it computes. A prompt is computed in one step, and Qwen2.5 1.5B prefills ~37 tokens/s on 2 busy cores
+# (slower under load): its 1,555-token prompt of 12 tools took over 60 s with other work on the machine, and the
+# watchdog ended the server. 512 tokens a deadline allows ~8.5 tokens/s at the default 60 s.
+TOKENS_PER_DEADLINE = 512
+
+
+def step_deadline(base_s: float, step_tokens: int) -> float:
+    """How long a step that computes `step_tokens` tokens may run before it counts as hung."""
+    return base_s * max(1.0, step_tokens / TOKENS_PER_DEADLINE)
 
 
 class StepWatchdog:
@@ -48,12 +58,13 @@ class StepWatchdog:
         self._stopping.set()
 
     def _watch(self) -> None:
-        deadline = self.deadline_s
-        while not self._stopping.wait(min(0.25, deadline / 4)):
+        while not self._stopping.wait(min(0.25, self.deadline_s / 4)):
             started = self.loop.step_started
+            deadline = step_deadline(self.deadline_s, self.engine.step_tokens)
             if started is None or time.monotonic() - started <= deadline:
                 continue
-            log.error("engine step has run for more than %.1f s: failing in-flight requests", deadline)
+            log.error("engine step has run for more than %.1f s (%d tokens): failing in-flight requests", deadline,
+                      self.engine.step_tokens)
             self.healthy = False
             self.on_trip()
             # This thread must not touch the scheduler the stuck step may still use: answer, don't finish.

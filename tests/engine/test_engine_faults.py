@@ -17,6 +17,7 @@ from conftest import RunningServer
 from test_revision_and_watchdog import _DeadEndMatcher, _PlainBackend, make_engine, new_seq
 
 from server.engine import Engine, EngineLoop, SeqOutput
+from server.engine.step_watchdog import TOKENS_PER_DEADLINE, StepWatchdog, step_deadline
 from server.models import LoadedModel, load_model
 
 CHAT = [{"role": "user", "content": "hello"}]
@@ -203,3 +204,35 @@ def test_a_streamed_request_over_the_limit_is_a_real_429(
     blocker.join(timeout=120)
     with client.chat.completions.create(model="corral-tiny", messages=CHAT, max_tokens=4, stream=True) as stream:
         assert [c for c in stream][-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_long_prompt_step_gets_a_longer_deadline_than_a_decode_step() -> None:
+    # A prompt is computed in one step: 1,555 tokens of Qwen2.5 1.5B took over 60 s on 2 busy cores, and the
+    # watchdog ended a server that was only slow. The deadline grows with the tokens, never below the base.
+    assert step_deadline(60.0, 1) == 60.0 and step_deadline(60.0, TOKENS_PER_DEADLINE) == 60.0
+    assert 180 < step_deadline(60.0, 1555) < 185  # ~8.5 tokens/s at the least
+    assert step_deadline(60.0, 4 * TOKENS_PER_DEADLINE) == 240.0
+
+
+class _StepOf:
+    """What the watchdog reads of the engine and its loop: the step's start and its tokens."""
+
+    def __init__(self, tokens: int) -> None:
+        self.step_tokens = tokens
+        self.step_started: float | None = time.monotonic()
+        self.abandoned: list[str] = []
+
+    def abandon_all(self, message: str, reason: str) -> None:
+        self.abandoned.append(message)
+
+
+@pytest.mark.parametrize(("tokens", "trips"), [(1, True), (8 * TOKENS_PER_DEADLINE, False)])
+def test_the_watchdog_waits_longer_for_a_step_that_computes_a_long_prompt(tokens: int, trips: bool) -> None:
+    step = _StepOf(tokens)
+    dog = StepWatchdog(step, step, 0.2, exit_on_hang=False)  # type: ignore[arg-type]
+    dog.start()
+    try:
+        time.sleep(0.8)  # past the base deadline, within 8 deadlines
+    finally:
+        dog.stop()
+    assert bool(step.abandoned) is trips and dog.healthy is not trips
