@@ -65,8 +65,6 @@ class Engine:
         )
         # Admission places each prompt in a slot and starts it after its cached prefix.
         self.scheduler = Scheduler(config.max_batch, placer=self.runner.prefix)
-        # Tokens the running step computes (prompts and decode rows), read by the hung-step watchdog's thread.
-        self.step_tokens = 0
         self.stop_ids = frozenset(loaded.stop_token_ids)
         self.revise_id = config.revision_token_id
         self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
@@ -109,7 +107,6 @@ class Engine:
         self._drain_inbox()
         self._reap_answered()
         batch = self.scheduler.schedule()
-        self.step_tokens = sum(len(seq.pending) for seq in batch)
         now = time.perf_counter()
         for seq in batch:
             seq.stats.scheduled = seq.stats.scheduled or now

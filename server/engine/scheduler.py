@@ -27,6 +27,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_batch - 1, -1, -1))  # pop() hands out the lowest slot
+        self.step_tokens = 0  # tokens the scheduled step computes (prompts, decode rows): the hung-step watchdog's
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -56,6 +57,7 @@ class Scheduler:
             if len(seq.pending) > 1:
                 computing.append(seq.prompt_ids)
         self.waiting.extendleft(reversed(deferred))  # at the front again, in their order
+        self.step_tokens = sum(len(seq.pending) for seq in self.running)
         return list(self.running)
 
     def _fresh(self, seq: Sequence) -> bool:

@@ -60,11 +60,11 @@ class StepWatchdog:
     def _watch(self) -> None:
         while not self._stopping.wait(min(0.25, self.deadline_s / 4)):
             started = self.loop.step_started
-            deadline = step_deadline(self.deadline_s, self.engine.step_tokens)
+            deadline = step_deadline(self.deadline_s, self.engine.scheduler.step_tokens)
             if started is None or time.monotonic() - started <= deadline:
                 continue
             log.error("engine step has run for more than %.1f s (%d tokens): failing in-flight requests", deadline,
-                      self.engine.step_tokens)
+                      self.engine.scheduler.step_tokens)
             self.healthy = False
             self.on_trip()
             # This thread must not touch the scheduler the stuck step may still use: answer, don't finish.

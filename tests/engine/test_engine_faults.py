@@ -221,6 +221,7 @@ class _StepOf:
         self.step_tokens = tokens
         self.step_started: float | None = time.monotonic()
         self.abandoned: list[str] = []
+        self.scheduler = self
 
     def abandon_all(self, message: str, reason: str) -> None:
         self.abandoned.append(message)
