@@ -47,6 +47,12 @@ class Metrics:
         self.forced = Counter(
             "corral_forced_tokens_total", "Tokens appended by jump-forward without sampling", registry=r
         )
+        self.drafted = Counter(
+            "corral_draft_tokens_total", "Draft tokens (guesses) fed by speculative decoding", registry=r
+        )
+        self.draft_accepted = Counter(
+            "corral_draft_accepted_tokens_total", "Draft tokens the model agreed with (kept in the answer)", registry=r
+        )
         self.generated = Counter("corral_generated_tokens_total", "Output tokens (sampled and forced)", registry=r)
         self.requests = Counter("corral_requests_total", "Finished requests", ["finish_reason"], registry=r)
         self.failures = Counter(

@@ -445,6 +445,8 @@ def observe(metrics: Metrics, done: Finished) -> None:
         for us in stats.mask_us:
             mask.observe(us / 1e6)
     m.forced.inc(stats.forced_tokens)
+    m.drafted.inc(seq.drafting.proposed)
+    m.draft_accepted.inc(seq.drafting.accepted)
     if seq.closer is not None and seq.closer.closed is not None:
         m.closed.labels(str(seq.closer.closed)).inc()
     m.generated.inc(len(seq.output_ids))

@@ -38,6 +38,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "prefix_cache",
         "jump_forward",
         "lazy_masks",
+        "draft_tokens",
         "max_revisions",
         "close_answers",
         "json_leading_whitespace",
@@ -134,6 +135,14 @@ class Settings(BaseSettings):
         True,
         description="greedy rows in wide grammar states whose masks cost much skip the fill: the pick is checked "
         "against the grammar after and re-picked under the mask only if refused (the same tokens, fewer fills)",
+    )
+    draft_tokens: int = Field(
+        8,
+        ge=0,
+        le=15,
+        description="speculative decoding: draft tokens a greedy row may feed after its own, looked up in its prompt "
+        "and answer and cut by its grammar (the answer is unchanged); each row drafts as many as its measured "
+        "acceptance and step cost make worth it; 0: off (a request's drafts: false turns it off for that request)",
     )
     max_revisions: int = Field(4, ge=0, description="revisions (revision token + dead-end backtracking) per request")
     close_answers: bool = Field(

@@ -8,7 +8,6 @@ request is sent. The engine owns the sequences' life: accept, revise, trip, fini
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -22,12 +21,15 @@ from samplers.protocol import TokenizerSpec
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated
 from server.engine.grammar_tokens import GrammarTokens
+from server.engine.inbox import Inbox
 from server.engine.logprobs import TokenLogprob
-from server.engine.model_runner import ForwardRow, ModelRunner
+from server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
 from server.engine.output_stage import OutputStage
 from server.engine.sampling import make_generator, sample_rows
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import SeqOutput, Sequence
+from server.engine.slot_attention import SHORT_ROW_MAX
+from server.engine.speculation import Speculation
 from server.engine.structured_output import MaskFill, SettledMasks, StructuredOutput
 from server.engine.thread_tuner import ThreadTuner, TorchThreads, choose_threads, record_threads
 from server.models import LoadedModel
@@ -50,6 +52,8 @@ class EngineConfig:
     # Greedy rows in wide, costly grammar states skip their mask and are checked after the pick
     # (server/engine/lazy_masks.py).
     lazy_masks: bool = True
+    # Draft tokens a row may feed after its own (speculative decoding, server/engine/speculation.py); 0: off.
+    draft_tokens: int = 8
 
 
 class Engine:
@@ -67,7 +71,7 @@ class Engine:
         self.scheduler = Scheduler(config.max_batch, placer=self.runner.prefix)
         self.stop_ids = frozenset(loaded.stop_token_ids)
         self.revise_id = config.revision_token_id
-        self._inbox: queue.SimpleQueue[tuple[str, Sequence | str]] = queue.SimpleQueue()
+        self._inbox = Inbox()
         stop_ids = torch.tensor(sorted(self.stop_ids), device=loaded.device)
         self.structured = StructuredOutput(
             config.max_batch, loaded.vocab_size, self.revise_id, stop_ids, lazy_masks=config.lazy_masks
@@ -75,6 +79,11 @@ class Engine:
         self.output = OutputStage(loaded.tokenizer)
         spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
         self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
+        drafts = config.draft_tokens if self.runner.drafts else 0
+        self.speculation = Speculation(
+            drafts, self.stop_ids, self.revise_id, SHORT_ROW_MAX, self.max_len, loaded.vocab_size,
+            jump_forward=config.jump_forward,
+        )
         self.on_trip: Callable[[str], None] = lambda kind: None
         self.threads = ThreadTuner(config.thread_choices) if config.thread_choices else None
         self._torch_threads = TorchThreads()
@@ -84,10 +93,10 @@ class Engine:
 
     # -- API used from other threads ---------------------------------------------------------------
     def add_request(self, seq: Sequence) -> None:
-        self._inbox.put(("add", seq))
+        self._inbox.add(seq)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.abort(request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty()
@@ -98,9 +107,10 @@ class Engine:
         batch = self._schedule()
         if not batch:
             return
+        self.speculation.prepare(batch)
         masks = self.structured.start(batch)
         logits, settled = self._forward(batch, masks)
-        live = self._judge(batch, logits, settled)
+        live = self._judge(batch, logits.rows, settled)
         self._sample(batch, live, logits, settled)
 
     def _schedule(self) -> list[Sequence]:
@@ -112,7 +122,7 @@ class Engine:
             seq.stats.scheduled = seq.stats.scheduled or now
         return batch
 
-    def _forward(self, batch: list[Sequence], masks: Future[MaskFill] | None) -> tuple[torch.Tensor, SettledMasks]:
+    def _forward(self, batch: list[Sequence], masks: Future[MaskFill] | None) -> tuple[StepLogits, SettledMasks]:
         """Run the model on the batch. Masked rows settle between the decoder and its head when the runner
         asks (so sparse rows' head computes only their allowed ids), else after the forward."""
         settled: SettledMasks | None = None
@@ -129,10 +139,11 @@ class Engine:
         masked = masks is not None
         chosen = choose_threads(self.threads, self._torch_threads, masked, sum(len(r.tokens) for r in rows_in))
         t0 = time.perf_counter()
-        logits = self.runner.forward(rows_in, restrict if masked else None)
+        logits = self.runner.forward_step(rows_in, restrict if masked else None)
         elapsed = time.perf_counter() - t0
         forward_ms = (elapsed - waited) * 1000
         record_threads(self.threads, chosen, elapsed * 1000)
+        self.speculation.fed(rows_in, logits.dense_rows, forward_ms)
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
@@ -161,7 +172,8 @@ class Engine:
             return self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
         self._revise(seq, Trip.DEAD_END)
 
-    def _sample(self, batch: list[Sequence], live: list[int], logits: torch.Tensor, settled: SettledMasks) -> None:
+    def _sample(self, batch: list[Sequence], live: list[int], step: StepLogits, settled: SettledMasks) -> None:
+        logits, drafts = step.rows, self.speculation.rows_of(batch, step.drafts)
         rows = [batch[i] for i in live]
         histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
         # All rows live is the usual step: sample in place rather than copy [B, vocab] logits.
@@ -180,21 +192,21 @@ class Engine:
                 self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
             else:
                 self._advance(seq, token, settled.narrow.get(seq), logprob)
+                if seq in drafts:  # the draft's guesses after this token, checked against this step's logits
+                    self.speculation.verify(seq, drafts[seq], self._advance)
+        for seq in drafts:
+            self.speculation.settle_kv(seq)
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                kind, item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add" and isinstance(item, Sequence):
+        for item in self._inbox.drain():
+            if isinstance(item, Sequence):
                 try:
                     self._admit(item)
                 except Exception as exc:  # this request's fault (e.g. its seed); the batch goes on
                     log.exception("admitting request %s failed", item.request_id)
                     item.error = f"the request could not start: {type(exc).__name__}: {exc}"
                     self._finish(item, "error")
-            elif kind == "abort" and isinstance(item, str):
+            else:
                 seq = self.scheduler.find(item)
                 if seq is not None:
                     self._finish(seq, "abort")
@@ -316,7 +328,7 @@ class Engine:
     def fail_all(self, message: str, reason: str = "error") -> None:
         """End every live sequence with an error (the loop hit an exception, or it stopped). Engine thread only
         (or once that thread has ended)."""
-        for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._take_inbox()]:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._inbox.take_added()]:
             seq.error = message
             self._finish(seq, reason)
 
@@ -324,7 +336,7 @@ class Engine:
         """From another thread while the engine thread is stuck in a step: give every live sequence its final
         answer now, touching no scheduler or cache state (the stuck step may still use them). If the step
         ever returns, the engine drops these sequences (`_reap_answered`) and answers them no second time."""
-        for seq in [*_snapshot(lambda: [*self.scheduler.running, *self.scheduler.waiting]), *self._take_inbox()]:
+        for seq in [*_snapshot(lambda: [*self.scheduler.running, *self.scheduler.waiting]), *self._inbox.take_added()]:
             if not self._answer_lock.acquire(timeout=5):
                 log.error("the engine holds its answer lock; %s gets no final answer", seq.request_id)
                 continue
@@ -337,17 +349,6 @@ class Engine:
                 seq.sink(SeqOutput(seq.request_id, "", True, reason, seq))
             finally:
                 self._answer_lock.release()
-
-    def _take_inbox(self) -> list[Sequence]:
-        """Sequences submitted but never admitted (their aborts are moot once they are answered)."""
-        taken: list[Sequence] = []
-        while True:
-            try:
-                kind, item = self._inbox.get_nowait()
-            except queue.Empty:
-                return taken
-            if kind == "add" and isinstance(item, Sequence):
-                taken.append(item)
 
     def shutdown(self) -> None:
         self.structured.shutdown()
@@ -381,5 +382,11 @@ def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:
 def forward_rows(batch: list[Sequence], unmasked: list[int]) -> list[ForwardRow]:
     """The step's rows for the runner. A row needs only its best token's id where its sampling says so and it
     was not picked before its mask (`unmasked`: the recheck after a refused pick needs its exact logits)."""
-    return [ForwardRow(s.slot, s.num_cached, s.pending, s.params.best_only and i not in unmasked)
-            for i, s in enumerate(batch)]
+    return [ForwardRow(s.slot, s.num_cached, [*s.pending, *(s.draft.tokens if s.draft else ())],
+                       s.params.best_only and i not in unmasked, *draft_shape(s)) for i, s in enumerate(batch)]
+
+
+def draft_shape(seq: Sequence) -> tuple[int, list[int], dict[int, torch.Tensor]] | tuple[()]:
+    """A drafting row's draft length, the draft places it wants logits at and their sparse masks (ForwardRow's
+    last three fields)."""
+    return (len(seq.draft), seq.draft.outputs(), seq.draft.sparse) if seq.draft is not None else ()

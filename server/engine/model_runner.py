@@ -9,8 +9,8 @@ Both keep one KV region per slot, so the prefix cache (server/engine/prefix_cach
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import chain
+from dataclasses import dataclass, field
+from itertools import accumulate, chain
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +34,19 @@ class ForwardRow:
     start: int
     tokens: Sequence[int]
     best_only: bool = False
+    drafted: int = 0  # the last `drafted` tokens are a draft (server/engine/speculation.py)
+    draft_outputs: Sequence[int] = ()  # the draft places (0 = its first token) whose logits are wanted
+    draft_allowed: Mapping[int, torch.Tensor] = field(default_factory=dict)  # {output: allowed ids} where few
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A step's float32 logits: `rows` [len(rows), V] after each row's last real token (masked as `forward`
+    says), `drafts` [sum of draft outputs, V] after each wanted draft place, in row order, exact near their best."""
+
+    rows: torch.Tensor
+    drafts: torch.Tensor
+    dense_rows: int = 0  # logit rows the head computed over the whole vocabulary (the step's costly part)
 
 
 # Called between the decoder and its head with the step's grammar masks settled: {row: allowed token ids}
@@ -48,7 +61,7 @@ class _Forward(Protocol):
     @property
     def restricts_head(self) -> bool: ...
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor: ...
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits: ...
 
     def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None: ...
 
@@ -66,6 +79,8 @@ class ModelRunner:
         self._impl = impl
         self.cache = impl.cache
         self.prefix = PrefixCache(max_batch, impl.cache, enabled=prefix_cache)
+        # Rows may feed drafts on corral's decoder (transformers' path pads rows: drafts would cost every row).
+        self.drafts = isinstance(impl, PackedForward)
 
     @property
     def restricts_head(self) -> bool:
@@ -77,6 +92,11 @@ class ModelRunner:
         """Float32 logits [len(rows), V] for the last fed token of each row. Where `restricts_head`,
         `restrict` is called once after the decoder, and the rows it names get only their allowed logits
         (the rest -inf)."""
+        return self.forward_step(rows, restrict).rows
+
+    @torch.inference_mode()
+    def forward_step(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
+        """`forward`, with the logits after every draft token of the rows that feed one (`drafts`)."""
         logits = self._impl.forward(rows, restrict)
         for row in rows:
             self.prefix.written(row.slot, row.start, row.tokens)
@@ -115,17 +135,36 @@ class PackedForward:
         self.restricts_head = device.type == "cpu"
         self._hidden: torch.Tensor | None = None
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
         counts = [len(r.tokens) for r in rows]
         starts = [r.start for r in rows]
         plan = self.cache.plan([r.slot for r in rows], starts, counts)
         input_ids = torch.tensor(list(chain.from_iterable(r.tokens for r in rows)), device=self.device)
         positions = plan.write_index % self.cache.max_len
-        last = torch.tensor(counts, device=self.device).cumsum(0) - 1
-        hidden = self.model.hidden(input_ids, positions, last, self.cache)
-        self._hidden = hidden  # for `refine`, which the engine calls once the step's masks are applied
-        allowed = restrict() if restrict is not None and self.restricts_head else {}
-        return self.model.restricted_logits(hidden, allowed, [i for i, r in enumerate(rows) if r.best_only])
+        ends = list(accumulate(counts))
+        mains = [end - 1 - r.drafted for end, r in zip(ends, rows, strict=True)]
+        drafted = [end - r.drafted + j for end, r in zip(ends, rows, strict=True) for j in r.draft_outputs]
+        # The decoder gives the wanted positions' states in pack order; the rows' come first in the logits.
+        wanted = sorted(mains + drafted)
+        states = self.model.hidden(input_ids, positions, torch.tensor(wanted, device=self.device), self.cache)
+        if drafted:
+            place = {position: i for i, position in enumerate(wanted)}
+            states = states[torch.tensor([place[p] for p in mains + drafted], device=self.device)]
+        self._hidden = states  # for `refine`, which the engine calls once the step's masks are applied
+        allowed = dict(restrict()) if restrict is not None and self.restricts_head else {}
+        best_only = [i for i, r in enumerate(rows) if r.best_only]
+        # One head for the rows and the draft places (a head's cost grows slower than its rows); the draft
+        # places are settled at once: each is a greedy pick, needing its best logit exact.
+        dense: list[int] = []
+        offset = len(rows)
+        for row in rows:
+            allowed.update({offset + i: ids for i, ids in row.draft_allowed.items()})
+            dense += [offset + i for i in range(len(row.draft_outputs)) if i not in row.draft_allowed]
+            offset += len(row.draft_outputs)
+        logits = self.model.restricted_logits(states, allowed, best_only + dense)
+        if drafted:
+            self.model.refine(logits, states, dense, [1] * len(dense))
+        return StepLogits(logits[: len(rows)], logits[len(rows) :], len(states) - len(allowed))
 
     def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
         if self._hidden is not None:
@@ -165,7 +204,9 @@ class TransformersForward:
             device=self.device,
         )
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
+    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
+        if any(r.drafted for r in rows):
+            raise ValueError("transformers' forward takes no drafts (ModelRunner.drafts is False)")
         out: list[torch.Tensor | None] = [None] * len(rows)
         shared = [
             i
@@ -179,7 +220,7 @@ class TransformersForward:
         for i, row in enumerate(rows):
             if out[i] is None:
                 out[i] = self._run([row])[0]
-        return torch.stack([t for t in out if t is not None])
+        return StepLogits(torch.stack([t for t in out if t is not None]), torch.zeros((0, 0)), len(rows))
 
     def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
         """transformers' heads return their logits unrounded (float32 on CPU): nothing to refine."""

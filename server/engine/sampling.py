@@ -41,6 +41,7 @@ class SamplingParams:
     # None: the server's --json-leading-whitespace (grammars/spec.py GrammarSpec.leading_whitespace)
     json_leading_whitespace: bool | None = None
     json_whitespace: JsonWhitespace | None = None  # None: the server's --json-whitespace (GrammarSpec.whitespace)
+    drafts: bool = True  # False: never speculate for this request (server/engine/speculation.py)
 
     @property
     def greedy(self) -> bool:

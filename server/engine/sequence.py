@@ -13,6 +13,7 @@ from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
 from samplers.revision import RevisionTracker
 from samplers.watchdog import MaskBudget, StallDetector
 from server.engine.answer_closing import AnswerCloser
+from server.engine.drafting import Draft, DraftCounts, NgramIndex
 from server.engine.lazy_masks import LazyMaskState
 from server.engine.logprobs import TokenLogprob
 from server.engine.sampling import SamplingParams
@@ -93,6 +94,11 @@ class Sequence:
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)
     pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
     closer: AnswerCloser | None = None  # set at admission for a closable sequence
+    # Speculative decoding (server/engine/speculation.py): this step's draft, the n-grams it is looked up in,
+    # and how its drafts fared.
+    draft: Draft | None = None
+    ngrams: NgramIndex | None = None
+    drafting: DraftCounts = field(default_factory=DraftCounts)
     # The final output went to the sink (set under Engine's answer lock: the engine thread and the hung-step
     # watchdog may both try to end it; only the first answers).
     answered: bool = False

@@ -27,6 +27,10 @@ def response_extras(done: Finished) -> dict[str, Any]:
         "forward_ms_mean": round(sum(stats.forward_ms) / len(stats.forward_ms), 3) if stats.forward_ms else None,
         "forward_steps": len(stats.forward_ms),
         "forced_tokens": stats.forced_tokens,
+        # Speculative decoding (server/engine/speculation.py): guesses fed, and those the model agreed with.
+        "draft_tokens": seq.drafting.proposed,
+        "draft_accepted": seq.drafting.accepted,
+        "drafts": seq.drafting.drafts,
         # Greedy picks checked against the grammar instead of masked (server/engine/lazy_masks.py), and the
         # fills a refused one needed.
         "masks_skipped": seq.lazy_mask.skipped,

@@ -206,6 +206,14 @@ FIELDS: tuple[FieldRule, ...] = (
         "xgrammar any 22 whitespace characters) (default: the server's `--json-whitespace`, fixed)",
         ALL,
     ),
+    FieldRule(
+        "drafts",
+        CORRAL,
+        H,
+        "`false`: this request never feeds drafts (speculative decoding, docs/speculation.md); its answer is the "
+        "same either way, only its speed differs (default: true, as the server's `--draft-tokens` allows)",
+        ALL,
+    ),
 )
 
 # Content part types of a chat message corral can read; the model is text-only.

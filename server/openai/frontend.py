@@ -110,6 +110,7 @@ class OpenAIFrontend:
             close_answers=req.close_answers,
             json_leading_whitespace=req.json_leading_whitespace,
             json_whitespace=req.json_whitespace,
+            drafts=req.drafts,
         )
 
     def _logit_bias(self, given: dict[str, float] | None) -> dict[int, float]:

@@ -59,6 +59,7 @@ class _Request(ConstraintFields):
     json_whitespace: JsonWhitespace | None = Field(
         None, description="fixed: a one-line JSON answer; free: the model's own layout (default: the server's setting)"
     )
+    drafts: bool = Field(True, description="false: no speculative decoding for this request")
 
     @model_validator(mode="before")
     @classmethod

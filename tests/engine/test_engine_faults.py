@@ -17,6 +17,7 @@ from conftest import RunningServer
 from test_revision_and_watchdog import _DeadEndMatcher, _PlainBackend, make_engine, new_seq
 
 from server.engine import Engine, EngineLoop, SeqOutput
+from server.engine.model_runner import StepLogits
 from server.engine.step_watchdog import TOKENS_PER_DEADLINE, StepWatchdog, step_deadline
 from server.models import LoadedModel, load_model
 
@@ -98,14 +99,14 @@ def test_a_fill_failure_fails_only_the_row_that_failed(loaded: LoadedModel) -> N
 def _blocking_forward(engine: Engine) -> tuple[threading.Event, threading.Event]:
     """Make the next forward hang until released; returns (entered, release)."""
     entered, release = threading.Event(), threading.Event()
-    original: Callable[..., torch.Tensor] = engine.runner.forward
+    original: Callable[..., StepLogits] = engine.runner.forward_step
 
-    def forward(rows: Any, restrict: Any = None) -> torch.Tensor:
+    def forward(rows: Any, restrict: Any = None) -> StepLogits:
         entered.set()
         release.wait(60)
         return original(rows, restrict)
 
-    engine.runner.forward = forward  # type: ignore[method-assign]
+    engine.runner.forward_step = forward  # type: ignore[method-assign]
     return entered, release
 
 

@@ -16,7 +16,7 @@ from samplers.registry import BackendSet
 from samplers.watchdog import Trip, WatchdogLimits
 from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
 from server.engine import Sequence as Seq
-from server.engine.model_runner import ForwardRow, ModelRunner
+from server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
 from server.models import LoadedModel, load_model
 
 
@@ -89,14 +89,14 @@ def test_revision_restores_kv_cache_matcher_and_output(loaded: LoadedModel, back
 
     # KV cache: the next forward's logits equal a fresh prefill of prompt + kept tokens.
     captured: list[torch.Tensor] = []
-    original = engine.runner.forward
+    original = engine.runner.forward_step
 
-    def spy(rows: Sequence[ForwardRow], restrict: object = None) -> torch.Tensor:
+    def spy(rows: Sequence[ForwardRow], restrict: object = None) -> StepLogits:
         out = original(rows)  # no restricted head: the whole row is compared with a fresh prefill
-        captured.append(out.clone())
+        captured.append(out.rows.clone())
         return out
 
-    engine.runner.forward = spy  # type: ignore[method-assign]
+    engine.runner.forward_step = spy  # type: ignore[method-assign]
     engine.step()
     expected = fresh_logits(loaded, seq.prompt_ids + kept)
     torch.testing.assert_close(captured[0][0], expected, rtol=1e-4, atol=1e-4)

@@ -39,6 +39,7 @@ class ResponsesRequest(BaseModel):
     close_answers: bool | None = None
     json_leading_whitespace: bool | None = None
     json_whitespace: JsonWhitespace | None = None
+    drafts: bool = True
 
     @model_validator(mode="before")
     @classmethod

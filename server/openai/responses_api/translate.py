@@ -83,6 +83,7 @@ def chat_form(req: ResponsesRequest) -> ChatForm:
         "close_answers": req.close_answers,
         "json_leading_whitespace": req.json_leading_whitespace,
         "json_whitespace": req.json_whitespace,
+        "drafts": req.drafts,
         "logprobs": _logprobs(req),
         "top_logprobs": req.top_logprobs if req.wants_logprobs() else None,
     }

@@ -1,0 +1,1 @@
+"""`corral bench drafts`: speculative decoding on answers that copy from their prompt."""

@@ -1,0 +1,183 @@
+"""Speculative decoding (server/engine/speculation.py, drafting.py): drafts looked up in the prompt and the answer,
+cut by the grammar, verified in one forward. The answer is token for token the one without drafts, on every
+constraint kind and both engines, alone and in a batch; only greedy rows draft."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_until_done
+
+from grammars.spec import GrammarSpec
+from samplers.compilation import GrammarCache
+from samplers.protocol import TokenizerSpec, allocate_bitmask
+from samplers.registry import BackendSet
+from server.engine import Engine, EngineConfig, SamplingParams, Sequence
+from server.engine.drafting import DraftCounts, NgramIndex, propose
+from server.engine.speculation import StepCost, best_length
+from server.models import LoadedModel, load_model
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model("corral-tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cache(loaded: LoadedModel) -> GrammarCache:
+    return GrammarCache(BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)))
+
+
+# A prompt whose text repeats, so lookups find continuations; the tiny model's greedy answers loop as well.
+PROMPT = "name: Ada Lovelace, city: London, year: 1843. " * 6
+
+
+def generate(
+    loaded: LoadedModel,
+    cache: GrammarCache,
+    specs: list[GrammarSpec | None],
+    backend: str,
+    *,
+    drafts: int,
+    params: SamplingParams | None = None,
+) -> list[Sequence]:
+    """Each spec (None: free text) answered in one batch, drafts on (always worth it: a fixed cheap cost) or off."""
+    engine = Engine(loaded, EngineConfig(max_batch=len(specs), max_model_len=512, draft_tokens=drafts))
+    engine.speculation.cost.parts = lambda: (10.0, 0.1, 0.1)  # type: ignore[method-assign]
+    seqs = []
+    for i, spec in enumerate(specs):
+        matcher = impl = None
+        if spec is not None:
+            compiled = cache.compile(spec, backend)
+            impl = cache.backends.get(compiled.backend)
+            matcher = impl.new_matcher(compiled.compiled)
+        prompt = loaded.tokenizer.encode(f"{PROMPT} {i}:", add_special_tokens=True)
+        seq = Sequence(request_id=f"draft-{i}", prompt_ids=list(prompt),
+                       params=params or SamplingParams(max_tokens=48, temperature=0.0), sink=lambda out: None,
+                       matcher=matcher, backend=impl)
+        engine.add_request(seq)
+        seqs.append(seq)
+    run_until_done(engine, seqs, max_steps=400)
+    return seqs
+
+
+SPECS: list[GrammarSpec | None] = [
+    None,
+    GrammarSpec.json_schema({"type": "object", "required": ["name", "city"],
+                             "properties": {"name": {"type": "string", "minLength": 12, "maxLength": 30},
+                                            "city": {"type": "string", "minLength": 6, "maxLength": 20}}}),
+    GrammarSpec.regex(r"[a-zA-Z ,.:]{20,40}"),
+    GrammarSpec.choice(["Ada Lovelace, London", "Ada Lovelace, Paris", "Charles Babbage"]),
+    GrammarSpec.lark('start: "name: " /[A-Za-z ]{8,20}/ ", year: " /[0-9]{4}/'),
+]
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_greedy_answers_are_the_same_with_and_without_drafts(
+    loaded: LoadedModel, cache: GrammarCache, backend: str
+) -> None:
+    plain = generate(loaded, cache, SPECS, backend, drafts=0)
+    drafted = generate(loaded, cache, SPECS, backend, drafts=8)
+    for spec, off, on in zip(SPECS, plain, drafted, strict=True):
+        label = spec.source if spec is not None else "free text"
+        assert on.output_ids == off.output_ids, label
+        assert on.finish_reason == off.finish_reason, label
+        assert on.error is None, on.error
+        assert off.drafting.proposed == 0
+    # Drafts were fed and kept (else this compared two plain runs), and they saved steps.
+    assert sum(s.drafting.accepted for s in drafted) > 0
+    assert sum(len(s.stats.forward_ms) for s in drafted) < sum(len(s.stats.forward_ms) for s in plain)
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[1]], ids=["free", "json"])
+def test_a_row_alone_gives_the_same_answer_as_in_a_batch_of_drafting_rows(
+    loaded: LoadedModel, cache: GrammarCache, spec: GrammarSpec | None
+) -> None:
+    alone = generate(loaded, cache, [spec], "llguidance", drafts=0)[0]
+    batch = generate(loaded, cache, [spec, *SPECS], "llguidance", drafts=8)[0]
+    assert batch.output_ids == alone.output_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_tokens=32, temperature=0.8, seed=7), SamplingParams(max_tokens=32, temperature=0.0,
+                                                                            logprobs=True),
+     SamplingParams(max_tokens=32, temperature=0.0, drafts=False),
+     SamplingParams(max_tokens=32, temperature=0.0, repetition_penalty=1.2)],
+    ids=["sampled", "logprobs", "request-off", "penalised"],
+)
+def test_rows_whose_pick_is_not_the_best_logit_or_that_ask_not_to_never_draft(
+    loaded: LoadedModel, cache: GrammarCache, params: SamplingParams
+) -> None:
+    """A sampled row's distribution, a row's reported logprobs and a penalised pick are untouched: no drafts."""
+    seq = generate(loaded, cache, [None], "llguidance", drafts=8, params=params)[0]
+    assert seq.drafting.proposed == 0 and seq.drafting.drafts == 0
+
+
+def test_ngram_index_finds_the_latest_continuation_and_rebuilds_after_a_revision() -> None:
+    index = NgramIndex()
+    index.sync([1, 2, 3, 9, 1, 2, 3, 7])
+    assert index.continuation([5, 2, 3]) == 7  # (2, 3) last followed at index 7: token 7
+    assert index.token(7) == 7
+    assert index.continuation([1, 2, 3]) == 7
+    assert index.continuation([8, 8]) is None
+    index.sync([1, 2, 3, 9, 1, 2, 3, 7, 1, 2])  # grown: (7, 1) and (1, 2) at the end are indexed
+    assert index.continuation([7, 1]) == 9
+    index.sync([1, 2, 4])  # shorter: a revision took tokens back; the index starts over
+    assert index.continuation([1, 2]) == 2
+    assert index.continuation([2, 3]) is None
+
+
+def test_a_draft_is_cut_where_the_grammar_refuses_it_carries_forced_tokens_and_leaves_the_matcher_as_it_was(
+    loaded: LoadedModel, cache: GrammarCache
+) -> None:
+    tok = loaded.tokenizer
+    spec = GrammarSpec.json_schema({"type": "object", "required": ["city", "zip"], "additionalProperties": False,
+                                    "properties": {"city": {"type": "string"}, "zip": {"type": "string"}}})
+    compiled = cache.compile(spec, "llguidance")
+    matcher = cache.backends.get(compiled.backend).new_matcher(compiled.compiled)
+    source = tok.encode('The record:\n{"city": "London", "zip": "N1"} and more', add_special_tokens=False)
+    start = next(i for i in range(len(source)) if tok.decode(source[i:]).startswith('{"city'))
+    answer = source[start : start + 3]  # the answer so far copies the record's first tokens
+    for token in answer:
+        assert matcher.accept_token(token)
+    before = allocate_bitmask(1, loaded.vocab_size)
+    matcher.fill_bitmask(before, 0)
+    index = NgramIndex()
+    context = [*source, *answer]
+    index.sync(context)
+    draft = propose(index, context, 15, matcher, frozenset(loaded.stop_token_ids), 100)
+    text = tok.decode(answer + draft.tokens)
+    assert text == '{"city": "London", "zip": "N1"}', text  # past the object's end the grammar refuses the copy
+    # After "London" and its closing quote the grammar dictates `, "zip": "`: in the draft, marked as its own.
+    forced = tok.decode([t for t, own in zip(draft.tokens, draft.forced, strict=True) if own])
+    assert '"zip' in forced, forced
+    after = allocate_bitmask(1, loaded.vocab_size)
+    matcher.fill_bitmask(after, 0)
+    assert bool((before == after).all())
+
+
+def test_each_row_drafts_only_as_far_as_it_pays() -> None:
+    # A step of 1 token at 100 ms: cheap draft tokens and a good rate pay; a costly token or a poor rate does not.
+    assert best_length(0.9, 8, 100.0, 1.0, 5.0) == 8
+    assert best_length(0.9, 8, 100.0, 1.0, 200.0) == 0
+    assert best_length(0.1, 8, 100.0, 1.0, 60.0) == 0
+    assert 0 < best_length(0.7, 8, 100.0, 1.0, 30.0) < 8
+    counts = DraftCounts()
+    for _ in range(10):
+        counts.record(4, 0)
+    poor = counts.rate
+    assert poor < 0.25
+    for _ in range(20):
+        counts.idle()
+    assert counts.rate > 0.45  # evidence ages: a row that drafted badly tries again later
+
+
+def test_step_cost_fit_reads_the_fixed_token_and_row_parts() -> None:
+    cost = StepCost()
+    for tokens in range(1, 9):
+        for dense in (1, 2, 4):
+            cost.record(tokens, dense, 20.0 + 3.0 * tokens + 10.0 * dense)
+    fixed, per_token, per_row = cost.parts()
+    assert fixed == pytest.approx(20.0, rel=0.15)
+    assert per_token == pytest.approx(3.0, rel=0.15)
+    assert per_row == pytest.approx(10.0, rel=0.15)
