@@ -107,11 +107,13 @@ class Engine:
         batch = self._schedule()
         if not batch:
             return
+        t0 = time.perf_counter()
         self.speculation.prepare(batch)
         masks = self.structured.start(batch)
         logits, settled = self._forward(batch, masks)
         live = self._judge(batch, logits.rows, settled)
         self._sample(batch, live, logits, settled)
+        self.speculation.stepped((time.perf_counter() - t0) * 1000)  # what drafts cost is the whole step's time
 
     def _schedule(self) -> list[Sequence]:
         self._drain_inbox()
@@ -143,7 +145,7 @@ class Engine:
         elapsed = time.perf_counter() - t0
         forward_ms = (elapsed - waited) * 1000
         record_threads(self.threads, chosen, elapsed * 1000)
-        self.speculation.fed(rows_in, logits.dense_rows, forward_ms)
+        self.speculation.fed(rows_in, logits.dense_rows)
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,36 +26,64 @@ from server.engine.model_runner import ForwardRow
 from server.engine.sequence import Sequence
 
 COST_WINDOW = 256  # decode steps the step-cost fit reads
-# Until the fit has steps of different shapes to read, a step's parts relative to its mean time: a fixed part,
-# each fed token, each logit row computed over the whole vocabulary. PRIOR_WEIGHT: how many steps' worth of
-# evidence the prior counts as (ridge regression towards it).
-COST_PRIOR = (0.5, 0.15, 0.3)
+# A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
+# (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
+# the engine thread) and each row (its mask, sampling and bookkeeping). COST_PRIOR: the parts relative to the mean
+# step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
+# as (ridge regression towards it).
+COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05)
 PRIOR_WEIGHT = 1.0
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What a decode step computed: the regressors of its time."""
+
+    tokens: int
+    dense_rows: int
+    draft_places: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class CostParts:
+    """Milliseconds per part of a step (see COST_PRIOR); never negative."""
+
+    fixed: float
+    per_token: float
+    per_dense_row: float
+    per_place: float
+    per_row: float
+
+    def step_ms(self, shape: StepShape) -> float:
+        return (
+            self.fixed
+            + self.per_token * shape.tokens
+            + self.per_dense_row * shape.dense_rows
+            + self.per_place * shape.draft_places
+            + self.per_row * shape.rows
+        )
+
+
 class StepCost:
-    """A decode step's forward time as fixed + per fed token + per full-vocabulary logit row (a dense row: the
-    head over every token; a sparse row's allowed ids cost little), fitted by least squares over recent steps."""
+    """Decode steps' wall times (drafting, forward, verification) fitted by least squares over recent steps."""
 
     def __init__(self) -> None:
-        self._steps: deque[tuple[int, int, float]] = deque(maxlen=COST_WINDOW)
+        self._steps: deque[tuple[StepShape, float]] = deque(maxlen=COST_WINDOW)
 
-    def record(self, tokens: int, dense_rows: int, ms: float) -> None:
-        self._steps.append((tokens, dense_rows, ms))
+    def record(self, shape: StepShape, ms: float) -> None:
+        self._steps.append((shape, ms))
 
-    def parts(self) -> tuple[float, float, float]:
-        """(fixed ms, ms per fed token, ms per dense logit row), never negative."""
+    def parts(self) -> CostParts:
         if not self._steps:
-            return COST_PRIOR
-        data = np.array(self._steps, dtype=np.float64)
-        features = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-        prior = np.array(COST_PRIOR) * float(data[:, 2].mean())
-        # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are below.
-        weight = PRIOR_WEIGHT * np.eye(3)
-        fitted = np.linalg.solve(features.T @ features + weight, features.T @ data[:, 2] + weight @ prior)
-        floor = 0.01 * prior
-        fixed, per_token, per_row = (float(v) for v in np.maximum(fitted, floor))
-        return fixed, per_token, per_row
+            return CostParts(*COST_PRIOR)
+        features = np.array([[1.0, s.tokens, s.dense_rows, s.draft_places, s.rows] for s, _ in self._steps])
+        times = np.array([ms for _, ms in self._steps])
+        prior = np.array(COST_PRIOR) * float(times.mean())
+        # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are these.
+        weight = PRIOR_WEIGHT * np.eye(len(COST_PRIOR))
+        fitted = np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior)
+        return CostParts(*(float(v) for v in np.maximum(fitted, 0.01 * prior)))
 
 
 def best_length(rate: float, limit: int, step_ms: float, made: float, per_token: float) -> int:
@@ -93,6 +122,7 @@ class Speculation:
         self.max_len = max_len
         self.vocab_size = vocab_size
         self.cost = StepCost()
+        self._shape: StepShape | None = None  # the running step's, until `stepped`
         self._bitmask = allocate_bitmask(row_max, vocab_size)
         self.proposed = 0  # every sequence's guesses and accepted guesses, for /metrics
         self.accepted = 0
@@ -100,9 +130,9 @@ class Speculation:
     # -- before the forward ------------------------------------------------------------------------
     def prepare(self, batch: list[Sequence]) -> None:
         """Give each row that may draft its draft for this step (`seq.draft`), sized by `best_length`."""
-        fixed, per_token, per_row = self.cost.parts()
-        # This step without drafts: its fed tokens and a logit row per row (dense or not, the head costs it).
-        step_ms = fixed + per_token * sum(len(s.pending) for s in batch) + per_row * len(batch)
+        cost = self.cost.parts()
+        # This step without drafts: its fed tokens, and a logit row per row (dense or not, the head costs it).
+        step_ms = cost.step_ms(StepShape(sum(len(s.pending) for s in batch), len(batch), 0, len(batch)))
         made = float(len(batch))
         for seq in batch:
             seq.draft = None
@@ -114,7 +144,7 @@ class Speculation:
             context = [*seq.prompt_ids, *seq.output_ids]
             seq.ngrams.sync(context)
             rate = seq.drafting.rate
-            draft_token_ms = per_token + per_row * seq.drafting.dense_share
+            draft_token_ms = cost.per_token + cost.per_place + cost.per_dense_row * seq.drafting.dense_share
             length = best_length(rate, limit, step_ms, made, draft_token_ms)
             if length == 0:
                 seq.drafting.idle()
@@ -163,11 +193,18 @@ class Speculation:
         }
 
     # -- after the forward -------------------------------------------------------------------------
-    def fed(self, rows: Sequence_[ForwardRow], dense_rows: int, forward_ms: float) -> None:
-        """A forward ran, computing `dense_rows` logit rows over the whole vocabulary: a decode step (no prompt
-        row) is a sample of the step cost."""
-        if all(len(r.tokens) <= self.row_max for r in rows):
-            self.cost.record(sum(len(r.tokens) for r in rows), dense_rows, forward_ms)
+    def fed(self, rows: Sequence_[ForwardRow], dense_rows: int) -> None:
+        """A forward ran, computing `dense_rows` logit rows over the whole vocabulary. A decode step (no prompt
+        row) is a sample of the step cost once `stepped` gives its time."""
+        decode = all(len(r.tokens) <= self.row_max for r in rows)
+        places = sum(len(r.draft_outputs) for r in rows)
+        self._shape = StepShape(sum(len(r.tokens) for r in rows), dense_rows, places, len(rows)) if decode else None
+
+    def stepped(self, ms: float) -> None:
+        """The step's wall time, drafting and verification included."""
+        if self._shape is not None:
+            self.cost.record(self._shape, ms)
+        self._shape = None
 
     @staticmethod
     def rows_of(batch: list[Sequence], drafts: torch.Tensor) -> dict[Sequence, torch.Tensor]:

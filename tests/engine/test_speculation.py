@@ -13,7 +13,7 @@ from samplers.protocol import TokenizerSpec, allocate_bitmask
 from samplers.registry import BackendSet
 from server.engine import Engine, EngineConfig, SamplingParams, Sequence
 from server.engine.drafting import DraftCounts, NgramIndex, propose
-from server.engine.speculation import StepCost, best_length
+from server.engine.speculation import CostParts, StepCost, StepShape, best_length
 from server.models import LoadedModel, load_model
 
 
@@ -42,7 +42,7 @@ def generate(
 ) -> list[Sequence]:
     """Each spec (None: free text) answered in one batch, drafts on (always worth it: a fixed cheap cost) or off."""
     engine = Engine(loaded, EngineConfig(max_batch=len(specs), max_model_len=512, draft_tokens=drafts))
-    engine.speculation.cost.parts = lambda: (10.0, 0.1, 0.1)  # type: ignore[method-assign]
+    engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1)  # type: ignore[method-assign]
     seqs = []
     for i, spec in enumerate(specs):
         matcher = impl = None
@@ -172,12 +172,18 @@ def test_each_row_drafts_only_as_far_as_it_pays() -> None:
     assert counts.rate > 0.45  # evidence ages: a row that drafted badly tries again later
 
 
-def test_step_cost_fit_reads_the_fixed_token_and_row_parts() -> None:
+def test_step_cost_fit_reads_each_part_of_a_step() -> None:
     cost = StepCost()
     for tokens in range(1, 9):
         for dense in (1, 2, 4):
-            cost.record(tokens, dense, 20.0 + 3.0 * tokens + 10.0 * dense)
-    fixed, per_token, per_row = cost.parts()
-    assert fixed == pytest.approx(20.0, rel=0.15)
-    assert per_token == pytest.approx(3.0, rel=0.15)
-    assert per_row == pytest.approx(10.0, rel=0.15)
+            for places in (0, 3):
+                for rows in (1, 2):
+                    shape = StepShape(tokens, dense, places, rows)
+                    cost.record(shape, 20.0 + 3.0 * tokens + 10.0 * dense + 0.5 * places + 1.0 * rows)
+    parts = cost.parts()
+    assert parts.fixed == pytest.approx(20.0, rel=0.15)
+    assert parts.per_token == pytest.approx(3.0, rel=0.15)
+    assert parts.per_dense_row == pytest.approx(10.0, rel=0.15)
+    assert parts.per_place == pytest.approx(0.5, rel=0.3)
+    assert parts.per_row == pytest.approx(1.0, rel=0.3)
+    assert parts.step_ms(StepShape(2, 1, 0, 1)) == pytest.approx(37.0, rel=0.05)
