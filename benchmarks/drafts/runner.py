@@ -58,8 +58,10 @@ class Run:
         return {**asdict(self), "answers_per_s": self.answers_per_s, "tokens_per_s": self.tokens_per_s}
 
 
-def body(side: Side, case: ExtractionCase, max_tokens: int) -> dict[str, Any]:
-    prompt = case.free_prompt if side.free else case.prompt
+def body(side: Side, case: ExtractionCase, max_tokens: int, tag: str) -> dict[str, Any]:
+    """The request; `tag` opens the prompt, unique per side and pass, so no side reuses another's cached
+    prompt (each pays its prefill, as distinct e-mails would)."""
+    prompt = f"Ticket {tag}.\n\n" + (case.free_prompt if side.free else case.prompt)
     payload: dict[str, Any] = {
         "model": side.model,
         "messages": [{"role": "user", "content": prompt}],
@@ -77,29 +79,34 @@ def body(side: Side, case: ExtractionCase, max_tokens: int) -> dict[str, Any]:
     return payload
 
 
-async def _one(client: httpx.AsyncClient, side: Side, case: ExtractionCase, max_tokens: int) -> dict[str, Any]:
-    response = await client.post(f"{side.url}/v1/chat/completions", json=body(side, case, max_tokens))
+async def _one(
+    client: httpx.AsyncClient, side: Side, case: ExtractionCase, max_tokens: int, tag: str
+) -> dict[str, Any]:
+    response = await client.post(f"{side.url}/v1/chat/completions", json=body(side, case, max_tokens, tag))
     if response.status_code != 200:
         return {"error": f"{response.status_code}: {response.text[:200]}"}
     payload: dict[str, Any] = response.json()
     return payload
 
 
-async def _pass(side: Side, cases: list[ExtractionCase], concurrency: int, max_tokens: int) -> tuple[float, list[Any]]:
+async def _pass(
+    side: Side, cases: list[ExtractionCase], concurrency: int, max_tokens: int, tag: str
+) -> tuple[float, list[Any]]:
     limit = asyncio.Semaphore(concurrency)
 
-    async def bounded(client: httpx.AsyncClient, case: ExtractionCase) -> dict[str, Any]:
+    async def bounded(client: httpx.AsyncClient, i: int, case: ExtractionCase) -> dict[str, Any]:
         async with limit:
-            return await _one(client, side, case, max_tokens)
+            return await _one(client, side, case, max_tokens, f"{tag}-{i + 1}")
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
         start = time.perf_counter()
-        replies = await asyncio.gather(*(bounded(client, case) for case in cases))
+        replies = await asyncio.gather(*(bounded(client, i, case) for i, case in enumerate(cases)))
         return time.perf_counter() - start, list(replies)
 
 
 def run_side(side: Side, cases: list[ExtractionCase], concurrency: int, repeat: int, max_tokens: int) -> Run:
-    wall_s, replies = asyncio.run(_pass(side, cases, concurrency, max_tokens))
+    tag = f"{side.name.replace(' ', '-')}-c{concurrency}-r{repeat}"
+    wall_s, replies = asyncio.run(_pass(side, cases, concurrency, max_tokens, tag))
     run = Run(side.name, concurrency, repeat, wall_s, 0, 0, 0, 0, 0)
     for case, reply in zip(cases, replies, strict=True):
         if "error" in reply:

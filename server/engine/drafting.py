@@ -19,6 +19,7 @@ from samplers.protocol import Matcher
 NGRAM_MAX = 4  # the longest suffix looked up; longer matches are rarer and barely more precise
 NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the forward
 DECAY = 0.8  # weight of a row's earlier drafts in its acceptance estimate: recent answers tell more
+IDLE_DECAY = 0.97  # and per step without a draft: old evidence fades (half-life ~23 steps), a probe's stays a while
 
 
 class NgramIndex:
@@ -149,6 +150,7 @@ class DraftCounts:
     kept: float = 0.0
     refused: float = 0.0
     dense_share: float = 1.0  # of its draft places, the share whose logits need the whole vocabulary (decayed)
+    idle_steps: int = 0  # steps since its last draft
 
     @property
     def rate(self) -> float:
@@ -159,6 +161,7 @@ class DraftCounts:
         self.proposed += proposed
         self.accepted += accepted
         self.drafts += 1
+        self.idle_steps = 0
         self.kept = self.kept * DECAY + accepted
         self.refused = self.refused * DECAY + (1.0 if accepted < proposed else 0.0)
 
@@ -167,8 +170,11 @@ class DraftCounts:
         if places:
             self.dense_share = self.dense_share * DECAY + (1 - DECAY) * (places - sparse) / places
 
-    def idle(self) -> None:
+    def idle(self) -> int:
         """A step it could have drafted in but did not (too unlikely to pay): the evidence ages, so a row that
-        drafted badly once tries again later (its answer may have reached text it copies)."""
-        self.kept *= DECAY
-        self.refused *= DECAY
+        drafted badly once tries again later (its answer may have reached text it copies). Returns the steps
+        since its last draft."""
+        self.kept *= IDLE_DECAY
+        self.refused *= IDLE_DECAY
+        self.idle_steps += 1
+        return self.idle_steps

@@ -11,6 +11,7 @@ measured step cost make worth it (`best_length`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
@@ -24,15 +25,23 @@ from samplers.protocol import Matcher, allocate_bitmask
 from server.engine.drafting import Draft, NgramIndex, propose
 from server.engine.model_runner import ForwardRow
 from server.engine.sequence import Sequence
+from server.engine.structured_output import set_bit
 
 COST_WINDOW = 256  # decode steps the step-cost fit reads
 # A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
 # (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
-# the engine thread) and each row (its mask, sampling and bookkeeping). COST_PRIOR: the parts relative to the mean
+# the engine thread), each row (its mask, sampling and bookkeeping) and a step whose head product has more than
+# one row (ggml's product of one row is its own fast kernel: on Gemma 3 one head row took 13 ms, two 28, eight
+# 47; the first extra row costs what the next six do). COST_PRIOR: the parts relative to the mean
 # step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
 # as (ridge regression towards it).
-COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05)
+COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
+# A row that does not draft still guesses PROBE_LENGTH tokens every PROBE_EVERY steps where its lookup finds
+# one: without evidence its acceptance stays at the prior, which may never look worth a draft (text that copies
+# well would then never be drafted at all).
+PROBE_EVERY = 8
+PROBE_LENGTH = 3
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,9 @@ class StepShape:
     draft_places: int
     rows: int
 
+    def features(self) -> list[float]:
+        return [1.0, self.tokens, self.dense_rows, self.draft_places, self.rows, float(self.dense_rows > 1)]
+
 
 @dataclass(frozen=True)
 class CostParts:
@@ -54,15 +66,10 @@ class CostParts:
     per_dense_row: float
     per_place: float
     per_row: float
+    multi_row: float = 0.0  # a head product of more than one row, once per step
 
     def step_ms(self, shape: StepShape) -> float:
-        return (
-            self.fixed
-            + self.per_token * shape.tokens
-            + self.per_dense_row * shape.dense_rows
-            + self.per_place * shape.draft_places
-            + self.per_row * shape.rows
-        )
+        return float(sum(p * f for p, f in zip(dataclasses.astuple(self), shape.features(), strict=True)))
 
 
 class StepCost:
@@ -77,7 +84,7 @@ class StepCost:
     def parts(self) -> CostParts:
         if not self._steps:
             return CostParts(*COST_PRIOR)
-        features = np.array([[1.0, s.tokens, s.dense_rows, s.draft_places, s.rows] for s, _ in self._steps])
+        features = np.array([s.features() for s, _ in self._steps])
         times = np.array([ms for _, ms in self._steps])
         prior = np.array(COST_PRIOR) * float(times.mean())
         # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are these.
@@ -86,14 +93,15 @@ class StepCost:
         return CostParts(*(float(v) for v in np.maximum(fitted, 0.01 * prior)))
 
 
-def best_length(rate: float, limit: int, step_ms: float, made: float, per_token: float) -> int:
+def best_length(rate: float, limit: int, step_ms: float, made: float, per_token: float, first: float = 0.0) -> int:
     """How many draft tokens maximise the step's expected tokens per ms: `made` tokens the step gives anyway in
-    `step_ms`, each draft token adding `per_token` ms and, the i-th, `rate ** i` expected tokens."""
+    `step_ms`, each draft token adding `per_token` ms (and any draft `first` ms once) and, the i-th, `rate ** i`
+    expected tokens."""
     best, best_rate = 0, made / step_ms
     gain = 0.0
     for length in range(1, limit + 1):
         gain += rate**length
-        value = (made + gain) / (step_ms + per_token * length)
+        value = (made + gain) / (step_ms + first + per_token * length)
         if value > best_rate:
             best, best_rate = length, value
     return best
@@ -124,8 +132,6 @@ class Speculation:
         self.cost = StepCost()
         self._shape: StepShape | None = None  # the running step's, until `stepped`
         self._bitmask = allocate_bitmask(row_max, vocab_size)
-        self.proposed = 0  # every sequence's guesses and accepted guesses, for /metrics
-        self.accepted = 0
 
     # -- before the forward ------------------------------------------------------------------------
     def prepare(self, batch: list[Sequence]) -> None:
@@ -134,6 +140,7 @@ class Speculation:
         # This step without drafts: its fed tokens, and a logit row per row (dense or not, the head costs it).
         step_ms = cost.step_ms(StepShape(sum(len(s.pending) for s in batch), len(batch), 0, len(batch)))
         made = float(len(batch))
+        dense_rows = len(batch)  # as if every row's logits were dense: a sparse one's cost little either way
         for seq in batch:
             seq.draft = None
             limit = self._limit(seq)
@@ -145,10 +152,14 @@ class Speculation:
             seq.ngrams.sync(context)
             rate = seq.drafting.rate
             draft_token_ms = cost.per_token + cost.per_place + cost.per_dense_row * seq.drafting.dense_share
-            length = best_length(rate, limit, step_ms, made, draft_token_ms)
-            if length == 0:
-                seq.drafting.idle()
+            # The first draft place of a step of one head row makes its head product a multi-row one.
+            jump = cost.multi_row if dense_rows == 1 else 0.0
+            length = best_length(rate, limit, step_ms, made, draft_token_ms, jump)
+            if length == 0 and seq.drafting.idle() < PROBE_EVERY:
                 continue
+            # A probe: a few guesses now and then, so a row's acceptance is measured at all, and the step cost seen
+            # at more than one draft size (one size alone cannot tell a draft's first place from the next ones).
+            length = max(length, min(PROBE_LENGTH, limit))
             # The room jump-forward has after each guess (none where it is off: the draft forces nothing either).
             forced_room = seq.params.max_tokens - len(seq.output_ids) if self.jump_forward else 0
             draft = propose(seq.ngrams, context, length, seq.matcher, self.stop_ids, forced_room)
@@ -156,26 +167,27 @@ class Speculation:
                 continue
             draft.start, draft.cached = len(seq.output_ids), seq.num_cached + len(seq.pending)
             if seq.matcher is not None:
-                self._mask(seq.matcher, draft)
+                self._mask(seq, seq.matcher, draft)
                 seq.drafting.saw_places(len(draft.outputs()), len(draft.sparse))
             seq.draft = draft
-            step_ms += draft_token_ms * len(draft)
+            step_ms += draft_token_ms * len(draft) + jump
+            dense_rows += len(draft.outputs())
             made += sum(rate ** (i + 1) for i in range(len(draft)))
 
     def _limit(self, seq: Sequence) -> int:
         """Draft tokens this row may feed: none while it prefills or where its pick is not the best logit."""
         if self.max_draft <= 0 or not seq.params.best_only or not seq.params.drafts or not seq.output_ids:
             return 0
-        if self.revise_id is not None:  # a pick may be the revision token: verification would need its rules
-            return 0
         room = min(
             seq.params.max_tokens - len(seq.output_ids) - 1, self.max_len - seq.num_cached - len(seq.pending) - 1
         )
         return max(0, min(self.max_draft, self.row_max - len(seq.pending), room))
 
-    def _mask(self, matcher: Matcher, draft: Draft) -> None:
+    def _mask(self, seq: Sequence, matcher: Matcher, draft: Draft) -> None:
         """The grammar's mask at each place verification reads, so a pick there is the masked pick (the one a
-        step without the draft makes); a sparse place's head computes its allowed ids alone."""
+        step without the draft makes); a sparse place's head computes its allowed ids alone. Where the row may
+        still revise, the revision token is allowed too, as a step's mask allows it (a pick of it ends the
+        walk: the next step makes it, under the engine's rules)."""
         places = draft.outputs()
         for j, token in enumerate(draft.tokens):
             accepted = matcher.accept_token(token)
@@ -191,6 +203,12 @@ class Speculation:
         draft.sparse = {
             i: torch.from_numpy(allowed_ids(words[i], self.vocab_size)) for i, n in enumerate(counts) if n <= limit
         }
+        if self.revise_id is not None and seq.revision.remaining > 0 and self.revise_id < self.vocab_size:
+            for i, count in enumerate(counts):
+                if count:  # a place that allows nothing is a dead end, which the next step backs off from
+                    set_bit(masks, i, self.revise_id)
+                    if i in draft.sparse:
+                        draft.sparse[i] = torch.unique(torch.cat([draft.sparse[i], torch.tensor([self.revise_id])]))
 
     # -- after the forward -------------------------------------------------------------------------
     def fed(self, rows: Sequence_[ForwardRow], dense_rows: int) -> None:
@@ -239,8 +257,6 @@ class Speculation:
         kept = kept_prefix(seq.output_ids[draft.start :], draft.tokens)
         accepted = draft.forced[:kept].count(False)
         seq.drafting.record(draft.proposed, accepted)
-        self.proposed += draft.proposed
-        self.accepted += accepted
 
     def _pick(self, seq: Sequence, draft: Draft, logits: torch.Tensor, row: int) -> int | None:
         """The greedy pick at a draft place, as a step makes it there: under the grammar's mask (a sparse place
@@ -251,7 +267,9 @@ class Speculation:
             apply_bitmask(masked, draft.masks[row : row + 1])
             line = masked[0]
         pick = int(torch.argmax(line))
-        if bool(torch.isinf(line[pick])) or (seq.matcher is None and seq.params.ignore_eos and pick in self.stop_ids):
+        if bool(torch.isinf(line[pick])) or pick == self.revise_id:
+            return None
+        if seq.matcher is None and seq.params.ignore_eos and pick in self.stop_ids:
             return None
         return pick
 

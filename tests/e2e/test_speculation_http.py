@@ -33,20 +33,21 @@ def drafting() -> Iterator[RunningServer]:
         yield running
 
 
-def _chat(server: RunningServer, **extra: Any) -> Any:
+def _complete(server: RunningServer, **extra: Any) -> Any:
+    """A completion of the repeating prompt as it is (no chat template), run to max_tokens (the tiny model's first
+    pick is its end of text): its greedy answer loops, and lookups find what it repeats."""
     client: Any = server.client()
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
-                                          max_tokens=40, temperature=0, extra_body=extra)
+    return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True, **extra})
 
 
-@pytest.mark.parametrize("constraint", [{}, {"response_format": {"type": "json_schema", "json_schema": {
-    "name": "who", "schema": SCHEMA}}}], ids=["free", "json_schema"])
+@pytest.mark.parametrize("constraint", [{}, {"structured_outputs": {"json": SCHEMA}}], ids=["free", "json_schema"])
 def test_an_answer_is_the_same_with_drafts_and_without_and_timings_count_them(
     drafting: RunningServer, constraint: dict[str, Any]
 ) -> None:
-    on = _chat(drafting, **constraint, drafts=True)
-    off = _chat(drafting, **constraint, drafts=False)
-    assert on.choices[0].message.content == off.choices[0].message.content
+    on = _complete(drafting, **constraint, drafts=True)
+    off = _complete(drafting, **constraint, drafts=False)
+    assert on.choices[0].text == off.choices[0].text
     assert on.choices[0].finish_reason == off.choices[0].finish_reason
     on_timings, off_timings = on.model_extra["timings"], off.model_extra["timings"]
     assert off_timings["draft_tokens"] == off_timings["draft_accepted"] == off_timings["drafts"] == 0
@@ -56,7 +57,7 @@ def test_an_answer_is_the_same_with_drafts_and_without_and_timings_count_them(
 
 
 def test_metrics_count_drafted_and_accepted_tokens(drafting: RunningServer) -> None:
-    _chat(drafting, drafts=True)
+    _complete(drafting, drafts=True)
     text = httpx.get(f"{drafting.base_url}/metrics", timeout=10).text
     fed = re.search(r"^corral_draft_tokens_total (\S+)$", text, re.M)
     kept = re.search(r"^corral_draft_accepted_tokens_total (\S+)$", text, re.M)
@@ -81,6 +82,6 @@ def test_a_drafts_value_that_is_no_boolean_is_a_400_naming_it(drafting: RunningS
 def test_a_server_started_with_no_draft_tokens_never_drafts() -> None:
     with serving(model=MODEL, draft_tokens=0) as plain:
         plain.service.engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1)  # type: ignore[attr-defined]
-        timings = _chat(plain, drafts=True).model_extra["timings"]
+        timings = _complete(plain, drafts=True).model_extra["timings"]
     assert timings["draft_tokens"] == 0 and timings["drafts"] == 0
 

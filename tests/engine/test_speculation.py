@@ -159,6 +159,7 @@ def test_a_draft_is_cut_where_the_grammar_refuses_it_carries_forced_tokens_and_l
 def test_each_row_drafts_only_as_far_as_it_pays() -> None:
     # A step of 1 token at 100 ms: cheap draft tokens and a good rate pay; a costly token or a poor rate does not.
     assert best_length(0.9, 8, 100.0, 1.0, 5.0) == 8
+    assert best_length(0.9, 8, 100.0, 1.0, 5.0, first=1000.0) == 0  # a costly first draft place: not worth it
     assert best_length(0.9, 8, 100.0, 1.0, 200.0) == 0
     assert best_length(0.1, 8, 100.0, 1.0, 60.0) == 0
     assert 0 < best_length(0.7, 8, 100.0, 1.0, 30.0) < 8
@@ -167,7 +168,7 @@ def test_each_row_drafts_only_as_far_as_it_pays() -> None:
         counts.record(4, 0)
     poor = counts.rate
     assert poor < 0.25
-    for _ in range(20):
+    for _ in range(150):
         counts.idle()
     assert counts.rate > 0.45  # evidence ages: a row that drafted badly tries again later
 
@@ -179,11 +180,14 @@ def test_step_cost_fit_reads_each_part_of_a_step() -> None:
             for places in (0, 3):
                 for rows in (1, 2):
                     shape = StepShape(tokens, dense, places, rows)
-                    cost.record(shape, 20.0 + 3.0 * tokens + 10.0 * dense + 0.5 * places + 1.0 * rows)
+                    jump = 6.0 if dense > 1 else 0.0
+                    cost.record(shape, 20.0 + 3.0 * tokens + 10.0 * dense + 0.5 * places + 1.0 * rows + jump)
     parts = cost.parts()
     assert parts.fixed == pytest.approx(20.0, rel=0.15)
     assert parts.per_token == pytest.approx(3.0, rel=0.15)
     assert parts.per_dense_row == pytest.approx(10.0, rel=0.15)
     assert parts.per_place == pytest.approx(0.5, rel=0.3)
     assert parts.per_row == pytest.approx(1.0, rel=0.3)
+    assert parts.multi_row == pytest.approx(6.0, rel=0.3)
     assert parts.step_ms(StepShape(2, 1, 0, 1)) == pytest.approx(37.0, rel=0.05)
+    assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(53.5, rel=0.05)
