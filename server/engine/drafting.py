@@ -110,7 +110,7 @@ def propose(
             tail = [*tail, guess][-NGRAM_MAX:]
             source += 1
             if matcher is not None:
-                forced = _forced(matcher, stop_ids, forced_room - len(draft))
+                forced = forced_run(matcher, stop_ids, forced_room - len(draft))
                 accepted += len(forced)
                 draft.tokens += forced
                 draft.forced += [True] * len(forced)
@@ -128,8 +128,10 @@ def propose(
     return draft
 
 
-def _forced(matcher: Matcher, stop_ids: frozenset[int], room: int) -> list[int]:
-    """The tokens the grammar dictates next, accepted into `matcher` (GrammarTokens.forced_after's rule)."""
+def forced_run(matcher: Matcher, stop_ids: frozenset[int], room: int) -> list[int]:
+    """Jump-forward's rule: the tokens the grammar dictates next (at most `room`, never a stop token), accepted
+    into `matcher`. A step's jump-forward (GrammarTokens.forced_after) and a draft's forced tokens both use it, so
+    a draft carries exactly the tokens the step will append."""
     forced: list[int] = []
     if matcher.is_terminated() or room <= 0:
         return forced

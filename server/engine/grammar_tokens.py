@@ -18,6 +18,7 @@ from server.engine.answer_closing import (
     ClosedBecause,
     trailing_digits,
 )
+from server.engine.drafting import forced_run
 from server.engine.logprobs import TokenLogprob
 from server.engine.output_stage import OutputStage
 from server.engine.sequence import Sequence
@@ -64,15 +65,9 @@ class GrammarTokens:
 
     def forced_after(self, seq: Sequence) -> list[int]:
         """Jump-forward: the tokens the grammar dictates next, accepted into the matcher (within max_tokens)."""
-        matcher = seq.matcher
-        if matcher is None or not self.jump_forward or matcher.is_terminated():
+        if seq.matcher is None or not self.jump_forward:
             return []
-        room = seq.params.max_tokens - len(seq.output_ids) - 1
-        forced: list[int] = []
-        for token in matcher.forced_tokens()[:room]:
-            if token in self.stop_ids or not matcher.accept_token(token):
-                break
-            forced.append(token)
+        forced = forced_run(seq.matcher, self.stop_ids, seq.params.max_tokens - len(seq.output_ids) - 1)
         seq.stats.forced_tokens += len(forced)
         return forced
 
