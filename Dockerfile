@@ -45,10 +45,7 @@ COPY constraints.txt /src/meta/constraints.txt
 # ---- source: the code, apart, so that a code change rebuilds only the last layers -----------------------------
 FROM base AS source
 COPY pyproject.toml README.md constraints.txt /src/project/
-COPY server /src/project/server
-COPY grammars /src/project/grammars
-COPY samplers /src/project/samplers
-COPY benchmarks /src/project/benchmarks
+COPY corral /src/project/corral
 
 # ---- CPU venv --------------------------------------------------------------------------------------------------
 FROM builder AS build-cpu

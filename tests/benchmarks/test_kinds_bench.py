@@ -8,11 +8,11 @@ from pathlib import Path
 
 from conftest import run_bench
 
-from benchmarks.kinds.cases import CASES
-from benchmarks.kinds.runner import measure_case
-from grammars.spec import GrammarKind
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
+from corral.benchmarks.kinds.cases import CASES
+from corral.benchmarks.kinds.runner import measure_case
+from corral.grammars.spec import GrammarKind
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.serve.peer_model import padded_positions, relayout_config, write_peer_model
+from corral.benchmarks.serve.peer_model import padded_positions, relayout_config, write_peer_model
 
 
 def _logits(model_dir: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ def test_relayout_of_a_random_llama_keeps_logits_and_argmax(tmp_path: Path) -> N
 
 
 def test_relayout_of_the_default_model_keeps_logits_and_argmax(tmp_path: Path) -> None:
-    from server.models.default_model import ensure_default_model
+    from corral.server.models.default_model import ensure_default_model
 
     src = ensure_default_model()
     out = write_peer_model(src, tmp_path / "peer")

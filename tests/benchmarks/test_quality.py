@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from conftest import run_bench
 
-from benchmarks.quality.answers import Answer, judge
-from benchmarks.quality.bodies import Mode, Sampling, corral_mode, peer_modes, request
-from benchmarks.quality.report import summarise, table_rows
-from benchmarks.quality.runner import QualityBenchConfig
-from benchmarks.quality.scoring import first_json_value, same, schema_error, score
-from benchmarks.quality.suites import ITEMS, SUITES, load_tasks
-from benchmarks.serve.client import Reply
+from corral.benchmarks.quality.answers import Answer, judge
+from corral.benchmarks.quality.bodies import Mode, Sampling, corral_mode, peer_modes, request
+from corral.benchmarks.quality.report import summarise, table_rows
+from corral.benchmarks.quality.runner import QualityBenchConfig
+from corral.benchmarks.quality.scoring import first_json_value, same, schema_error, score
+from corral.benchmarks.quality.suites import ITEMS, SUITES, load_tasks
+from corral.benchmarks.serve.client import Reply
 
 TASKS = {t.name: t for t in load_tasks()}
 PERSON, ORDER, CHOICE, TOOL = TASKS["person"], TASKS["order"], TASKS["sentiment_choice"], TASKS["tool_call"]

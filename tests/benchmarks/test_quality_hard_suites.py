@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks.quality.answers import NO_CALL, judge
-from benchmarks.quality.bodies import Mode, Sampling, corral_mode, peer_modes, request
-from benchmarks.quality.hard_suites import ELSEWHERE, OTHERS, in_words, ordinal_words
-from benchmarks.quality.many_tools_suite import MANY_TOOLS
-from benchmarks.quality.report import summarise
-from benchmarks.quality.runner import QualityBenchConfig
-from benchmarks.quality.scoring import same, schema_error, score
-from benchmarks.quality.suites import ITEMS, SUITES, load_tasks
-from benchmarks.quality.tasks import Field, Task
-from benchmarks.serve.client import Reply
+from corral.benchmarks.quality.answers import NO_CALL, judge
+from corral.benchmarks.quality.bodies import Mode, Sampling, corral_mode, peer_modes, request
+from corral.benchmarks.quality.hard_suites import ELSEWHERE, OTHERS, in_words, ordinal_words
+from corral.benchmarks.quality.many_tools_suite import MANY_TOOLS
+from corral.benchmarks.quality.report import summarise
+from corral.benchmarks.quality.runner import QualityBenchConfig
+from corral.benchmarks.quality.scoring import same, schema_error, score
+from corral.benchmarks.quality.suites import ITEMS, SUITES, load_tasks
+from corral.benchmarks.quality.tasks import Field, Task
+from corral.benchmarks.serve.client import Reply
 
 HARD = ("contact_card", "records", "normalise_hard", "tool_choice_many")
 TASKS = {t.name: t for t in load_tasks(list(HARD))}

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from conftest import run_bench
 
-from benchmarks.sampler.runner import CONFIGS, reference_sample
-from server.engine.sampling import SamplingParams, sample_rows
+from corral.benchmarks.sampler.runner import CONFIGS, reference_sample
+from corral.server.engine.sampling import SamplingParams, sample_rows
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

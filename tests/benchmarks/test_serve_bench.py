@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.serve.cli import parse_levels
-from benchmarks.serve.report import markdown_table, ratio_lines, table_rows
-from benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, percentile, ratio, summarize_run
-from benchmarks.serve.workload import BenchCase, candidate_cases, kind_cases, request_body
-from grammars.spec import GrammarKind
+from corral.benchmarks.serve.cli import parse_levels
+from corral.benchmarks.serve.report import markdown_table, ratio_lines, table_rows
+from corral.benchmarks.serve.stats import RequestResult, headline_ratios, peer_ratios, percentile, ratio, summarize_run
+from corral.benchmarks.serve.workload import BenchCase, candidate_cases, kind_cases, request_body
+from corral.grammars.spec import GrammarKind
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"
@@ -177,7 +177,7 @@ def test_sampled_runs_send_the_same_sampling_to_both_sides() -> None:
 
 
 def test_kinds_send_their_regex_grammar_or_choice_through_structured_outputs() -> None:
-    from benchmarks.serve.runner import ServeBenchConfig
+    from corral.benchmarks.serve.runner import ServeBenchConfig
 
     cases = {c.case_id: c for c in kind_cases(("regex", "choice", "grammar"))}
     assert {c.spec.kind for c in kind_cases(("grammar",))} == {GrammarKind.EBNF, GrammarKind.LARK}
@@ -213,9 +213,9 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A started corral, the baseline, and as the peer another corral (the session's server) spoken to with
     OpenAI's `response_format`, its model name found through /v1/models."""
-    from server.cli import main
+    from corral.server.cli import main
 
-    monkeypatch.setattr("benchmarks.serve.runner.SETTLE_S", 0.0)  # no vLLM worker to let settle
+    monkeypatch.setattr("corral.benchmarks.serve.runner.SETTLE_S", 0.0)  # no vLLM worker to let settle
     out = tmp_path / "serve"
     code = main(["bench", "serve", "--data", str(SAMPLE), "--schemas", "3", "--concurrency", "1,2",
                  "--max-tokens", "16", "--out", str(out), "--peer-url", server.base_url,
@@ -283,9 +283,9 @@ def test_smoke_run_writes_every_metric_and_consistent_ratios(tmp_path: Path, ser
 def test_kinds_run_against_a_peer_judges_every_finished_answer(tmp_path: Path, server: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """--kinds over the session's server, as corral and as the peer (vLLM's structured_outputs spelling)."""
-    from server.cli import main
+    from corral.server.cli import main
 
-    monkeypatch.setattr("benchmarks.serve.runner.SETTLE_S", 0.0)
+    monkeypatch.setattr("corral.benchmarks.serve.runner.SETTLE_S", 0.0)
     out = tmp_path / "kinds"
     code = main(["bench", "serve", "--data", str(SAMPLE), "--kinds", "choice,grammar", "--concurrency", "2",
                  "--max-tokens", "12", "--no-baseline", "--server", server.base_url, "--peer-url", server.base_url,
@@ -304,7 +304,7 @@ def test_kinds_run_against_a_peer_judges_every_finished_answer(tmp_path: Path, s
 
 
 def test_bandwidth_section_puts_concurrency_1_tpot_over_the_floor() -> None:
-    from benchmarks.serve.bandwidth import bandwidth_line, bandwidth_section
+    from corral.benchmarks.serve.bandwidth import bandwidth_line, bandwidth_section
 
     runs = [{"mode": "constrained", "concurrency": 1, "tpot_ms_p50": 30.0},
             {"mode": "unconstrained", "concurrency": 1, "tpot_ms_p50": 50.0},
@@ -324,7 +324,7 @@ def test_weight_elements_counts_every_tensor_once(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from server.models.weight_count import weight_elements
+    from corral.server.models.weight_count import weight_elements
 
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model-1.safetensors"))
     save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
@@ -339,7 +339,7 @@ def test_warm_up_fills_the_highest_level_unconstrained_and_skips_an_empty_select
     sees: the warm-up sends that many at once (cycling over fewer cases), and nothing when none was accepted."""
     import asyncio
 
-    from benchmarks.serve import runner
+    from corral.benchmarks.serve import runner
 
     sent: list[tuple[list[str], str, int]] = []
 

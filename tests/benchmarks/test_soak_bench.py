@@ -8,8 +8,8 @@ from collections import Counter
 
 from conftest import RunningServer
 
-from benchmarks.soak.runner import Outcome, SoakConfig, SoakResult, run_soak
-from benchmarks.soak.workload import HOSTILE_KINDS, ORDINARY_KINDS, compile_bomb, hostile_phase
+from corral.benchmarks.soak.runner import Outcome, SoakConfig, SoakResult, run_soak
+from corral.benchmarks.soak.workload import HOSTILE_KINDS, ORDINARY_KINDS, compile_bomb, hostile_phase
 
 
 def test_hostile_phase_mixes_every_kind_and_compile_bombs_are_distinct() -> None:

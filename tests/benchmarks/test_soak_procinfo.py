@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak.procinfo import sample
+from corral.benchmarks.soak.procinfo import sample
 
 # A child that starts a grandchild and waits: the shape of server -> zygote -> worker.
 _TREE = (
@@ -44,7 +44,7 @@ def test_a_listening_server_is_found_by_its_port_and_its_group_memory_read() -> 
     import subprocess
     import sys
 
-    from benchmarks.soak.procinfo import group_pss_mb, listening_pid
+    from corral.benchmarks.soak.procinfo import group_pss_mb, listening_pid
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.jsonschemabench.dataset import SchemaCase
-from benchmarks.tools.judge import ToolResult, judge_answer, judge_calls, summarize
-from benchmarks.tools.report import OUTCOMES, outcome_plot, per_subset, summary_rows
-from benchmarks.tools.runner import ToolsBenchConfig, select_cases
-from benchmarks.tools.workload import function_name, tools_request
+from corral.benchmarks.jsonschemabench.dataset import SchemaCase
+from corral.benchmarks.tools.judge import ToolResult, judge_answer, judge_calls, summarize
+from corral.benchmarks.tools.report import OUTCOMES, outcome_plot, per_subset, summary_rows
+from corral.benchmarks.tools.runner import ToolsBenchConfig, select_cases
+from corral.benchmarks.tools.workload import function_name, tools_request
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"
@@ -112,7 +112,7 @@ def test_per_subset_outcomes_and_plot(tmp_path: Path) -> None:
 # -- end to end ------------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
 def test_run_against_corral_validates_every_returned_call(server: Any, tmp_path: Path) -> None:
-    from benchmarks.tools.runner import ToolsUnsupported, run_tools_bench
+    from corral.benchmarks.tools.runner import ToolsUnsupported, run_tools_bench
 
     config = ToolsBenchConfig(data=SAMPLE, out=tmp_path / "tools", server=server.base_url, schemas=7,
                               concurrency=2, max_tokens=128)

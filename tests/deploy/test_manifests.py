@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from server.settings import Settings
+from corral.server.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -165,7 +165,7 @@ def test_dashboard_loads_and_matches_grafanas_model() -> None:
 
 
 def test_dashboard_plots_what_operators_need_from_metrics_corral_exports() -> None:
-    from server.metrics import Metrics
+    from corral.server.metrics import Metrics
 
     suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",), "gauge": ("",)}
     exported = {f.name + s for f in Metrics().registry.collect() for s in suffixes.get(f.type, ("",))}

@@ -15,9 +15,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from server.auth import ApiKeyMiddleware
-from server.cli import main, settings_from_args
-from server.settings import Settings
+from corral.server.auth import ApiKeyMiddleware
+from corral.server.cli import main, settings_from_args
+from corral.server.settings import Settings
 
 KEYS = ("key-one", "key-two")
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -96,7 +96,7 @@ def test_metrics_require_key_protects_metrics_only_when_asked() -> None:
 
 def test_keys_from_repeated_flags_and_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Settings] = []
-    monkeypatch.setattr("server.cli.serve", lambda args: seen.append(settings_from_args(args)) or 0)
+    monkeypatch.setattr("corral.server.cli.serve", lambda args: seen.append(settings_from_args(args)) or 0)
     main(["serve", "--api-key", "a", "--api-key", "b", "--finish-reasons", "precise"])
     assert seen[0].api_keys() == {"a", "b"} and seen[0].finish_reasons == "precise"
     monkeypatch.setenv("CORRAL_API_KEY", "c, d")

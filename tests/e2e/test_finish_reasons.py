@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat.chat_completion import Choice
 from openai.types.completion_choice import CompletionChoice
 
-from server.openai.finish import FinishReason, finish_fields, openai_finish_reason
+from corral.server.openai.finish import FinishReason, finish_fields, openai_finish_reason
 
 MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]

@@ -16,7 +16,7 @@ import pytest
 from conftest import RunningServer, serving
 from test_bad_input import expect_400
 
-from grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarSpec
+from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarSpec
 
 MODEL = "corral-tiny"
 SCHEMA: dict[str, Any] = {
@@ -121,8 +121,8 @@ def test_any_other_value_is_a_400_naming_the_field(server: RunningServer, value:
 def test_the_server_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from server.cli import _serve_parser, settings_from_args
-    from server.settings import Settings
+    from corral.server.cli import _serve_parser, settings_from_args
+    from corral.server.settings import Settings
 
     parser = argparse.ArgumentParser()
     _serve_parser(parser.add_subparsers(dest="command"))

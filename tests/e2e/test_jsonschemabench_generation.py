@@ -50,10 +50,10 @@ def _schemas() -> list[tuple[str, Any]]:
 
 def _generate(server: RunningServer, max_tokens: int) -> list[dict[str, Any]]:
     """One answer per sampled schema (auto), as the service gives it."""
-    from server.errors import ApiError
-    from server.openai.frontend import OpenAIFrontend
-    from server.openai.protocol import ChatCompletionRequest
-    from server.serving import Service
+    from corral.server.errors import ApiError
+    from corral.server.openai.frontend import OpenAIFrontend
+    from corral.server.openai.protocol import ChatCompletionRequest
+    from corral.server.serving import Service
 
     service = server.service
     assert isinstance(service, Service)

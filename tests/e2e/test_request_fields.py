@@ -1,5 +1,5 @@
 """No silent ignoring: every request field is honoured, mapped, harmlessly ignored, or refused with a 400 naming
-it (server/openai/fields.py is the one list; docs/api.md shows it). vLLM's guided_* names map onto
+it (corral/server/openai/fields.py is the one list; docs/api.md shows it). vLLM's guided_* names map onto
 structured_outputs; content and values corral would silently change or drop are refused."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO, RunningServer
 from test_bad_input import assert_still_serving, expect_400
 
-from server.openai.fields import FIELDS, Endpoint, Treatment, declared_fields, markdown_table
-from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from corral.server.openai.fields import FIELDS, Endpoint, Treatment, declared_fields, markdown_table
+from corral.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "hello"}]
@@ -34,7 +34,7 @@ def test_request_models_declare_exactly_the_honoured_and_mapped_fields() -> None
 
 def test_docs_list_exactly_the_registry() -> None:
     docs = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
-    assert markdown_table() in docs, "regenerate the table: python -m server.openai.fields"
+    assert markdown_table() in docs, "regenerate the table: python -m corral.server.openai.fields"
     table = docs[docs.index("## Every field"):]
     listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     assert listed == {rule.name for rule in FIELDS}

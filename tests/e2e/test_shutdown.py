@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.serve.server_proc import free_port, wait_healthy
+from corral.benchmarks.serve.server_proc import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 30.0
@@ -66,7 +66,7 @@ def _descendants(pid: int) -> set[int]:
 def _start(port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, CORRAL_PORT=str(port), CORRAL_COMPILE_TIMEOUT_S="60", CORRAL_LOG_LEVEL="warning")
     return subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve"], cwd=REPO, env=env,
+        [sys.executable, "-m", "corral.server.cli", "serve"], cwd=REPO, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
 

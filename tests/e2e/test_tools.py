@@ -90,7 +90,7 @@ def test_auto_calls_a_tool_when_the_model_opens_a_call(client: openai.OpenAI) ->
     # Push the first token towards `{"` (the llama3_json call opener): under `auto` it must become a valid call.
     from transformers import AutoTokenizer
 
-    from server.models import ensure_default_model
+    from corral.server.models import ensure_default_model
 
     opener = AutoTokenizer.from_pretrained(ensure_default_model()).encode('{"', add_special_tokens=False)
     assert len(opener) == 1

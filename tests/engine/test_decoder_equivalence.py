@@ -18,11 +18,11 @@ import pytest
 import torch
 from small_llama_configs import CONFIGS, VOCAB, gemma3_config, llama3_config, mistral_config
 
-from server.engine.model_runner import ForwardRow, ModelRunner
-from server.engine.prefix_cache import BLOCK_SIZE
-from server.models import projection, split_projection
-from server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
-from server.models.loading import LoadedModel
+from corral.server.engine.model_runner import ForwardRow, ModelRunner
+from corral.server.engine.prefix_cache import BLOCK_SIZE
+from corral.server.models import projection, split_projection
+from corral.server.models.llama_family import LlamaFamilyModel, load_llama_family, rope_frequencies, unsupported_reason
+from corral.server.models.loading import LoadedModel
 
 STEPS = 64
 TOLERANCE = 2e-4
@@ -109,7 +109,7 @@ def _release_real_checkpoint() -> Iterator[None]:
 def _real_checkpoint() -> Checkpoint:
     from transformers import AutoModelForCausalLM
 
-    from server.models import load_model
+    from corral.server.models import load_model
 
     # The float decoder against transformers' (quantized serving is checked in test_quantized_projection.py).
     real = load_model(REAL, device="cpu", dtype="float32", model_impl="corral", quantization="none")

@@ -16,10 +16,10 @@ import torch
 from conftest import RunningServer
 from test_revision_and_watchdog import _DeadEndMatcher, _PlainBackend, make_engine, new_seq
 
-from server.engine import Engine, EngineLoop, SeqOutput
-from server.engine.model_runner import StepLogits
-from server.engine.step_watchdog import TOKENS_PER_DEADLINE, StepWatchdog, step_deadline
-from server.models import LoadedModel, load_model
+from corral.server.engine import Engine, EngineLoop, SeqOutput
+from corral.server.engine.model_runner import StepLogits
+from corral.server.engine.step_watchdog import TOKENS_PER_DEADLINE, StepWatchdog, step_deadline
+from corral.server.models import LoadedModel, load_model
 
 CHAT = [{"role": "user", "content": "hello"}]
 

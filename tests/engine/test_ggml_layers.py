@@ -1,4 +1,4 @@
-"""Steps of few tokens through ggml graphs (server/models/ggml_layers.py) give the logits of the same fp16
+"""Steps of few tokens through ggml graphs (corral/server/models/ggml_layers.py) give the logits of the same fp16
 model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the family
 has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows, Gemma's
 sandwich norms, GELU gate and two RoPE tables. Steps of few tokens a row run the one-graph decoder with ggml's
@@ -18,11 +18,11 @@ import torch
 from small_llama_configs import CONFIGS as ALL_CONFIGS
 from small_llama_configs import VOCAB, qwen3_config
 
-from server.engine.model_runner import ForwardRow, ModelRunner
-from server.models.ggml_layers import GgmlLayerSteps
-from server.models.llama_family import LlamaFamilyModel, load_llama_family
-from server.models.loading import LoadedModel
-from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, layer_graphs_available
+from corral.server.engine.model_runner import ForwardRow, ModelRunner
+from corral.server.models.ggml_layers import GgmlLayerSteps
+from corral.server.models.llama_family import LlamaFamilyModel, load_llama_family
+from corral.server.models.loading import LoadedModel
+from corral.server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, layer_graphs_available
 
 pytestmark = pytest.mark.skipif(
     not layer_graphs_available(),

@@ -1,4 +1,4 @@
-"""A GGUF served from its own blocks (server/models/gguf_decoder.py): every step on ggml, the weights where the
+"""A GGUF served from its own blocks (corral/server/models/gguf_decoder.py): every step on ggml, the weights where the
 file lies. Small Llama, Qwen2 and Gemma 3 models are written as GGUF files the way llama.cpp's converter writes
 them (tests/engine/gguf_models.py) and checked against transformers' forward over the values their blocks
 decode to: prompts alone and beside decode rows in one step, decode rows of one and several tokens, rows past a
@@ -14,10 +14,10 @@ import pytest
 import torch
 from gguf_models import VOCAB, write_small_gguf
 
-from server.engine.model_runner import ForwardRow, ModelRunner
-from server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
-from server.models.loading import LoadedModel
-from server.models.row_kernel import layer_graphs_available
+from corral.server.engine.model_runner import ForwardRow, ModelRunner
+from corral.server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
+from corral.server.models.loading import LoadedModel
+from corral.server.models.row_kernel import layer_graphs_available
 
 pytestmark = pytest.mark.skipif(
     not layer_graphs_available(),
@@ -142,8 +142,7 @@ def test_weights_stay_in_the_files_mapping_or_are_repacked_once(written: tuple[A
 
 def test_repacked_weights_give_the_logits_of_the_files_own(written: tuple[Any, Any], tmp_path: Path) -> None:
     """The same file served without repacking (its weights where they lie): the same logits to rounding."""
-    import server.models.gguf_file as gguf_file
-
+    import corral.server.models.gguf_file as gguf_file
     decoder, reference = written
     if not decoder.file.repacked_bytes:
         pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")

@@ -9,13 +9,13 @@ from typing import Any, cast
 
 import pytest
 
-from grammars.spec import GrammarSpec
-from samplers.closing import ClosingVocabulary
-from samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
-from server.engine import answer_closing, grammar_tokens
-from server.engine.grammar_tokens import GrammarTokens
-from server.engine.sampling import SamplingParams
-from server.engine.sequence import Sequence
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.closing import ClosingVocabulary
+from corral.samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
+from corral.server.engine import answer_closing, grammar_tokens
+from corral.server.engine.grammar_tokens import GrammarTokens
+from corral.server.engine.sampling import SamplingParams
+from corral.server.engine.sequence import Sequence
 
 OPENING = [7, 8, 9]
 

@@ -1,6 +1,6 @@
 """The integer screens in front of the fp16 head (fbgemm's for several rows, ggml's blocks for one): their bounds
 hold, a screened greedy row picks what the fp16 head picks (under any mask), and the engine's greedy answers are
-the same with and without them (server/models/head_screen.py, block_screen.py, screens.py)."""
+the same with and without them (corral/server/models/head_screen.py, block_screen.py, screens.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 import torch
 from conftest import run_until_done
 
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
-from server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from server.models import head_screen, load_model
-from server.models.block_screen import BlockScreen, block_screen_available, q8_0_blocks
-from server.models.head_screen import SWITCH_ENV, HeadScreen, Screen, exact_product, screen_rows, settle_screened
-from server.models.quantized_projection import fbgemm_available
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
+from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
+from corral.server.models import head_screen, load_model
+from corral.server.models.block_screen import BlockScreen, block_screen_available, q8_0_blocks
+from corral.server.models.head_screen import SWITCH_ENV, HeadScreen, Screen, exact_product, screen_rows, settle_screened
+from corral.server.models.quantized_projection import fbgemm_available
 
 pytestmark = pytest.mark.skipif(not fbgemm_available(), reason="the screens run beside fbgemm (x86 torch only)")
 

@@ -1,19 +1,19 @@
 """Lazy masks: greedy rows in wide grammar states skip their fill and are checked after the pick, which
-changes nothing but how many masks are filled (server/engine/lazy_masks.py)."""
+changes nothing but how many masks are filled (corral/server/engine/lazy_masks.py)."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import run_until_done
 
-from grammars.contract import validate_output
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
-from server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from server.engine.lazy_masks import MAX_STREAK, MIN_ODDS, MISS_BACKOFF, PROBE_EVERY, LazyMasks, LazyMaskState
-from server.models import LoadedModel, load_model
+from corral.grammars.contract import validate_output
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
+from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
+from corral.server.engine.lazy_masks import MAX_STREAK, MIN_ODDS, MISS_BACKOFF, PROBE_EVERY, LazyMasks, LazyMaskState
+from corral.server.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
-from server.engine import Sequence as Seq
-from server.engine.prefix_cache import BLOCK_SIZE, PrefixCache
-from server.engine.scheduler import Scheduler
-from server.models import LoadedModel, load_model
+from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
+from corral.server.engine import Sequence as Seq
+from corral.server.engine.prefix_cache import BLOCK_SIZE, PrefixCache
+from corral.server.engine.scheduler import Scheduler
+from corral.server.models import LoadedModel, load_model
 
 SYSTEM = "You are a careful assistant that answers in JSON. " * 6
 

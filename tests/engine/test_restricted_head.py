@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import run_until_done
 
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
-from server.engine import Engine, EngineConfig, SamplingParams
-from server.engine import Sequence as Seq
-from server.engine.model_runner import ForwardRow, ModelRunner
-from server.models import LoadedModel, load_model
-from server.models.llama_family import LlamaFamilyModel
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
+from corral.server.engine import Engine, EngineConfig, SamplingParams
+from corral.server.engine import Sequence as Seq
+from corral.server.engine.model_runner import ForwardRow, ModelRunner
+from corral.server.models import LoadedModel, load_model
+from corral.server.models.llama_family import LlamaFamilyModel
 
 SCHEMAS: list[dict[str, Any]] = [
     {

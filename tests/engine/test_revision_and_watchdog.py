@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import TOKENIZER_FAMILIES, run_until_done
 
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec, allocate_bitmask
-from samplers.registry import BackendSet
-from samplers.watchdog import Trip, WatchdogLimits
-from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
-from server.engine import Sequence as Seq
-from server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
-from server.models import LoadedModel, load_model
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec, allocate_bitmask
+from corral.samplers.registry import BackendSet
+from corral.samplers.watchdog import Trip, WatchdogLimits
+from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
+from corral.server.engine import Sequence as Seq
+from corral.server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
+from corral.server.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

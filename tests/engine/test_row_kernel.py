@@ -1,4 +1,4 @@
-"""fp16 products of a few rows through ggml (server/models/row_kernel.py): the same product as fbgemm's within
+"""fp16 products of a few rows through ggml (corral/server/models/row_kernel.py): the same product as fbgemm's within
 the fp16 rounding of the input, for up to four rows in a layer and one in the head, off where the switch says
 torch."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.models.quantized_projection import QuantizedProjection
-from server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, llamafile_built, row_kernel_available
-from server.models.split_projection import SplitProjection
+from corral.server.models.quantized_projection import QuantizedProjection
+from corral.server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, llamafile_built, row_kernel_available
+from corral.server.models.split_projection import SplitProjection
 
 pytestmark = pytest.mark.skipif(
     not row_kernel_available(),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from server.engine.sampling import SamplingParams, sample_rows
+from corral.server.engine.sampling import SamplingParams, sample_rows
 
 NEG = float("-inf")
 # Probabilities 0.5, 0.3, 0.15, 0.05 over tokens 0..3; token 4 is masked by the grammar.

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec
-from samplers.registry import BackendSet
-from samplers.watchdog import Trip
-from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput, Sequence
-from server.models import LoadedModel, load_model
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet
+from corral.samplers.watchdog import Trip
+from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput, Sequence
+from corral.server.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine.slot_attention import InPlaceKVCache
+from corral.server.engine.slot_attention import InPlaceKVCache
 
 HEADS, KV_HEADS, HEAD_DIM, WINDOW = 4, 2, 8, 6
 LAYERS = [None, WINDOW]  # a full-attention layer and a sliding-window one

@@ -1,4 +1,5 @@
-"""Speculative decoding (server/engine/speculation.py, drafting.py): drafts looked up in the prompt and the answer,
+"""Speculative decoding (corral/server/engine/speculation.py, drafting.py): drafts looked up in the prompt and the
+answer,
 cut by the grammar, verified in one forward. The answer is token for token the one without drafts, on every
 constraint kind and both engines, alone and in a batch; only greedy rows draft."""
 
@@ -7,14 +8,14 @@ from __future__ import annotations
 import pytest
 from conftest import run_until_done
 
-from grammars.spec import GrammarSpec
-from samplers.compilation import GrammarCache
-from samplers.protocol import TokenizerSpec, allocate_bitmask
-from samplers.registry import BackendSet
-from server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from server.engine.drafting import DraftCounts, NgramIndex, propose
-from server.engine.speculation import CostParts, StepCost, StepShape, best_length
-from server.models import LoadedModel, load_model
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.compilation import GrammarCache
+from corral.samplers.protocol import TokenizerSpec, allocate_bitmask
+from corral.samplers.registry import BackendSet
+from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
+from corral.server.engine.drafting import DraftCounts, NgramIndex, propose
+from corral.server.engine.speculation import CostParts, StepCost, StepShape, best_length
+from corral.server.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

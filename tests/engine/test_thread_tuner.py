@@ -8,11 +8,11 @@ import threading
 import pytest
 import torch
 
-from server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
-from server.engine import Sequence as Seq
-from server.engine.thread_tuner import ThreadTuner, forward_key
-from server.models import load_model
-from server.settings import Settings
+from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
+from corral.server.engine import Sequence as Seq
+from corral.server.engine.thread_tuner import ThreadTuner, forward_key
+from corral.server.models import load_model
+from corral.server.settings import Settings
 
 
 def _run(tuner: ThreadTuner, key: object, cost: dict[int, float], visits: int) -> list[int]:
@@ -134,7 +134,7 @@ def test_one_configured_count_is_set_on_the_thread_that_steps() -> None:
 def test_a_prompt_runs_on_every_thread_without_trials() -> None:
     """Large forwards (prompts) take all the threads and are never measured on fewer: a trial would cost the
     whole prompt twice over; steps of few tokens keep their trials."""
-    from server.engine.thread_tuner import LARGE_FORWARD_TOKENS, TorchThreads, choose_threads
+    from corral.server.engine.thread_tuner import LARGE_FORWARD_TOKENS, TorchThreads, choose_threads
 
     tuner = ThreadTuner([1, 2], warmup=2)
     threads = TorchThreads()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine.vocab_ops import draw, filter_logits, row_argmax
+from corral.server.engine.vocab_ops import draw, filter_logits, row_argmax
 
 VOCAB = 128_257  # the default model's vocabulary: not a multiple of the argmax chunk
 

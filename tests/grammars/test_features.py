@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from grammars import features
-from grammars.features import BackendTraits, attempts, schema_features
-from grammars.spec import GrammarKind, GrammarSpec
-from samplers.backends import llguidance, xgrammar
+from corral.grammars import features
+from corral.grammars.features import BackendTraits, attempts, schema_features
+from corral.grammars.spec import GrammarKind, GrammarSpec
+from corral.samplers.backends import llguidance, xgrammar
 
 BOTH = ["xgrammar", "llguidance"]
 DECLARED = {"xgrammar": xgrammar.TRAITS, "llguidance": llguidance.TRAITS}
@@ -21,7 +21,8 @@ def builtin_traits(name: str) -> BackendTraits:
     return DECLARED.get(name, BackendTraits())
 
 
-# The built-ins' own declarations, handed over as the caller does (samplers.compilation passes BackendSet.traits).
+# The built-ins' own declarations, handed over as the caller does (corral.samplers.compilation passes
+# BackendSet.traits).
 route = partial(features.route, traits=builtin_traits)
 
 
@@ -69,7 +70,7 @@ def test_json_object_routes_to_llguidance_first() -> None:
     GrammarSpec.regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
 ])
 def test_regexes_route_to_llguidance_first(spec: GrammarSpec) -> None:
-    # Measured (`corral bench kinds`, samplers/backends/llguidance.py): its masks are several times cheaper on
+    # Measured (`corral bench kinds`, corral/samplers/backends/llguidance.py): its masks are several times cheaper on
     # wide regexes and as cheap on narrow ones, and its regex dialect is Python's where the two engines differ.
     assert route(spec, BOTH) == ["llguidance", "xgrammar"]
     assert route(spec, ["llguidance", "xgrammar"]) == ["llguidance", "xgrammar"]  # by rank, not enabled order
@@ -88,7 +89,7 @@ def test_regexes_with_heavy_counts_route_to_xgrammar_first(regex: str) -> None:
 
 
 def test_heavy_counts_looks_at_regexes_and_lark_grammars() -> None:
-    # A Lark grammar's terminals go to llguidance when xgrammar yields it (grammars/lark_lexing.py): the same
+    # A Lark grammar's terminals go to llguidance when xgrammar yields it (corral/grammars/lark_lexing.py): the same
     # lazily built lexer, the same limit.
     assert llguidance.heavy_counts(GrammarSpec.lark("start: /a{5000}/"))
     assert route(GrammarSpec.lark("start: /[a-z]{1,5000}/"), BOTH)[0] == "xgrammar"
@@ -121,7 +122,7 @@ def test_a_yielded_spec_still_goes_before_unranked_backends() -> None:
 ])
 def test_grammars_and_choices_route_to_xgrammar_first(spec: GrammarSpec) -> None:
     # Grammars: llguidance lexes terminals greedily, which changes (and can hang on) some grammars' languages;
-    # choices: xgrammar's masks measured cheaper (samplers/backends/xgrammar.py).
+    # choices: xgrammar's masks measured cheaper (corral/samplers/backends/xgrammar.py).
     assert route(spec, BOTH) == ["xgrammar", "llguidance"]
     assert route(spec, ["llguidance", "xgrammar"]) == ["xgrammar", "llguidance"]
 
@@ -176,8 +177,8 @@ def test_without_a_lookup_every_backend_is_neutral(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_registry_installs_its_lookup() -> None:
-    import samplers.registry
+    from corral.samplers import registry
 
-    assert features.traits_of("llguidance") is samplers.registry.backend_traits("llguidance") is llguidance.TRAITS
+    assert features.traits_of("llguidance") is registry.backend_traits("llguidance") is llguidance.TRAITS
     assert features.route(GrammarSpec.json_object(), BOTH) == ["llguidance", "xgrammar"]
     assert features.traits_of("no-such-backend") == BackendTraits()

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from grammars.request import parse_constraint
-from grammars.spec import GrammarKind, GrammarSpec
-from grammars.validation import InvalidConstraint
+from corral.grammars.request import parse_constraint
+from corral.grammars.spec import GrammarKind, GrammarSpec
+from corral.grammars.validation import InvalidConstraint
 
 
 @pytest.mark.parametrize(("legacy", "structured"), [

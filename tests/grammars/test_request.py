@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from grammars.contract import validate_output
-from grammars.lowering import detect_grammar_kind
-from grammars.request import AUTO, parse_constraint
-from grammars.spec import GrammarKind, GrammarSpec
-from grammars.validation import InvalidConstraint, check_schema, json_pointer
+from corral.grammars.contract import validate_output
+from corral.grammars.lowering import detect_grammar_kind
+from corral.grammars.request import AUTO, parse_constraint
+from corral.grammars.spec import GrammarKind, GrammarSpec
+from corral.grammars.validation import InvalidConstraint, check_schema, json_pointer
 
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grammars import validation
-from grammars.validation import InvalidConstraint, check_schema
+from corral.grammars import validation
+from corral.grammars.validation import InvalidConstraint, check_schema
 
 
 def test_a_schema_seen_before_skips_the_meta_schema_check(monkeypatch: pytest.MonkeyPatch) -> None:

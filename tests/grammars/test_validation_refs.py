@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammars.validation import InvalidConstraint, check_schema
+from corral.grammars.validation import InvalidConstraint, check_schema
 
 
 @pytest.mark.parametrize("ref", ["http://127.0.0.1:9/never.json", "other.json#/$defs/a", "file:///etc/passwd"])

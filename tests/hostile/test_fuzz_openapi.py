@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from conftest import RunningServer
 
-from benchmarks.fuzz.runner import FuzzReport, run_fuzz
+from corral.benchmarks.fuzz.runner import FuzzReport, run_fuzz
 
 REQUESTS = 60  # a minute or so on 2 busy cores; `corral bench fuzz` runs thousands
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import RunningServer, serving
 from hostile_corpus import CORPUS, Hostile
 
-from benchmarks.fuzz.probe import connection_of, exchange
+from corral.benchmarks.fuzz.probe import connection_of, exchange
 
 ORDINARY = {"model": "corral-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16,
             "structured_outputs": {"choice": ["fine", "good"]}}

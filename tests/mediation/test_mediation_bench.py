@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.mediation.rules import derive_rule
-from benchmarks.mediation.runner import CallResult, summarize
+from corral.benchmarks.mediation.rules import derive_rule
+from corral.benchmarks.mediation.runner import CallResult, summarize
 
 
 def test_rules_derive_from_the_first_fitting_property() -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from mediation import (
+from corral.mediation import (
     BEGIN,
     END,
     Escalation,
@@ -26,7 +26,7 @@ from mediation import (
     RepairPolicy,
     Rule,
 )
-from mediation.modes import fetch_corral_capabilities
+from corral.mediation.modes import fetch_corral_capabilities
 
 MODEL = "corral-tiny"
 PROMPT = "A person"

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mediation.mcp_results import finish_tool_result, verified
+from corral.mediation.mcp_results import finish_tool_result, verified
 
 mcp = pytest.importorskip("mcp")
 types = pytest.importorskip("mcp_types")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from mediation import (
+from corral.mediation import (
     Capabilities,
     FailureClass,
     JsonlSink,
@@ -24,9 +24,9 @@ from mediation import (
     choose_mode,
     extract_block,
 )
-from mediation.failures import Failure
-from mediation.markers import MarkerError
-from mediation.modes import OPENAI, PLAIN, degrade
+from corral.mediation.failures import Failure
+from corral.mediation.markers import MarkerError
+from corral.mediation.modes import OPENAI, PLAIN, degrade
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,11 +35,13 @@ def test_imports_without_torch_transformers_or_server() -> None:
     # Poison the heavy modules: importing one of them raises, so the package must not touch them.
     code = (
         "import sys\n"
-        "for name in ('torch', 'transformers', 'xgrammar', 'llguidance', 'server', 'samplers', 'grammars'):\n"
+        "for name in ('torch', 'transformers', 'xgrammar', 'llguidance', 'corral.server', 'corral.samplers',\n"
+        "             'corral.grammars'):\n"
         "    sys.modules[name] = None\n"
-        "import mediation, mediation.mediator, mediation.telemetry\n"
-        "heavy = ('torch', 'transformers', 'server', 'fastapi')\n"
-        "print(sorted(m for m, mod in sys.modules.items() if mod is not None and m.split('.')[0] in heavy))\n"
+        "import corral.mediation, corral.mediation.mediator, corral.mediation.telemetry\n"
+        "heavy = ('torch', 'transformers', 'fastapi', 'corral.server', 'corral.samplers', 'corral.grammars')\n"
+        "print(sorted(m for m, mod in sys.modules.items()\n"
+        "             if mod is not None and any(m == h or m.startswith(h + '.') for h in heavy)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""Jump-forward stays on only where xgrammar's forced runs are bounded (samplers/forced_runs.py).
+"""Jump-forward stays on only where xgrammar's forced runs are bounded (corral/samplers/forced_runs.py).
 
 xgrammar writes the whole forced string in one call the engine cannot interrupt; grammars that force 2^30
 characters compile in milliseconds. Each such grammar here would hold the test process for minutes if the
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import xgrammar
 
-from grammars.spec import GrammarSpec
-from samplers.bitmask import allowed_ids
-from samplers.forced_runs import forced_run_bound
-from samplers.protocol import TokenizerSpec
-from samplers.xgrammar_backend import MAX_FORCED_RUN, XGrammarBackend, XGrammarCodec, XGrammarCompiled
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.bitmask import allowed_ids
+from corral.samplers.forced_runs import forced_run_bound
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.xgrammar_backend import MAX_FORCED_RUN, XGrammarBackend, XGrammarCodec, XGrammarCompiled
 
 LINKS = 30
 

@@ -1,4 +1,5 @@
-"""JSON whitespace modes (grammars/spec.py GrammarSpec.whitespace, docs/constraints.md "JSON layout") on both engines
+"""JSON whitespace modes (corral/grammars/spec.py GrammarSpec.whitespace, docs/constraints.md "JSON layout") on both
+engines
 and both tokenizer families: `fixed` keeps the one-line answer exactly; `free` lets the model keep its own layout,
 pretty-printed included, with every gap between two tokens bounded so that it cannot loop on whitespace."""
 
@@ -13,13 +14,13 @@ import pytest
 import torch
 from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
-from grammars.contract import validate_output
-from grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
-from samplers.bitmask import allowed_ids
-from samplers.closing import ClosingVocabulary, required_keys, shortest_completion
-from samplers.llguidance_backend import JSON_OPTIONS
-from samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
-from samplers.registry import BackendSet
+from corral.grammars.contract import validate_output
+from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
+from corral.samplers.bitmask import allowed_ids
+from corral.samplers.closing import ClosingVocabulary, required_keys, shortest_completion
+from corral.samplers.llguidance_backend import JSON_OPTIONS
+from corral.samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.samplers.registry import BackendSet
 
 BACKENDS = ["xgrammar", "llguidance"]
 
@@ -226,7 +227,8 @@ def test_free_masks_never_allow_whitespace_forever(backend: SamplerBackend, toke
 
 
 def test_free_answer_cut_short_still_closes(backend: SamplerBackend, tokenizer_spec: TokenizerSpec) -> None:
-    """samplers/closing.py from inside a pretty-printed answer: the completion is accepted and the answer valid."""
+    """corral/samplers/closing.py from inside a pretty-printed answer: the completion is accepted and the answer
+    valid."""
     spec = free(GrammarSpec.json_schema(SCHEMA))
     compiled = backend.compile(spec)
     vocab = ClosingVocabulary.of(tokenizer_spec)

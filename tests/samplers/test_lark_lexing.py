@@ -1,4 +1,4 @@
-"""Lark grammars `auto` may give llguidance (grammars/lark_lexing.py): the check proves greedy lexing exact only
+"""Lark grammars `auto` may give llguidance (corral/grammars/lark_lexing.py): the check proves greedy lexing exact only
 where it is, and where it does, the two engines allow the very same tokens at every step of random answers."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from conftest import family_tokenizer
 
-from benchmarks.kinds.cases import CSV_LARK, SQL_LARK
-from grammars.features import route
-from grammars.lark_lexing import greedy_lexing_exact, wide_and_exact
-from grammars.spec import GrammarSpec
-from samplers.bitmask import allowed_ids
-from samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
-from samplers.registry import BackendSet
+from corral.benchmarks.kinds.cases import CSV_LARK, SQL_LARK
+from corral.grammars.features import route
+from corral.grammars.lark_lexing import greedy_lexing_exact, wide_and_exact
+from corral.grammars.spec import GrammarSpec
+from corral.samplers.bitmask import allowed_ids
+from corral.samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
+from corral.samplers.registry import BackendSet
 
 WORDS = 'start: WORD (" " WORD)*\nWORD: /[a-z]{2,12}/\n'
 PAIRS = 'start: pair (";" pair)*\npair: KEY "=" VALUE\nKEY: /[a-z_]{1,10}/\nVALUE: /[0-9]{1,4}/ | /\'[a-z ]{0,20}\'/\n'

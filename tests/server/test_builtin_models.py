@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from server.models import ModelLoadError, load_model
-from server.models.build_cache import MARKER, cached_build, is_complete
-from server.models.row_kernel import layer_graphs_available
+from corral.server.models import ModelLoadError, load_model
+from corral.server.models.build_cache import MARKER, cached_build, is_complete
+from corral.server.models.row_kernel import layer_graphs_available
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_a_chat_template_file_replaces_the_models(tmp_path: Path) -> None:
 _SLOW_BUILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from server.models.build_cache import cached_build
+    from corral.server.models.build_cache import cached_build
 
     def build(out: Path) -> None:
         with open(sys.argv[2], "a") as log:
@@ -136,7 +136,7 @@ def test_a_missing_or_damaged_model_package_is_named(tmp_path: Path, monkeypatch
     sentence naming the package to (re)install."""
     import importlib
 
-    from server.models import builtin
+    from corral.server.models import builtin
 
     real_import = importlib.import_module
 
@@ -184,7 +184,7 @@ def test_gemma_speaks_gemma_turns() -> None:
 def test_gemma_serves_its_own_gguf_blocks() -> None:
     """`--quantization gguf` (`auto`'s choice): the Q4_K_M file's own blocks, memory-mapped, answer every step;
     the model still knows its facts; nothing but its config and tokenizer was written to the cache."""
-    from server.engine.model_runner import ForwardRow, ModelRunner
+    from corral.server.engine.model_runner import ForwardRow, ModelRunner
 
     loaded = load_model("gemma-3-270m", device="cpu", quantization="gguf")
     assert loaded.quantization == "gguf"
@@ -280,7 +280,7 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
     `--model FILE.gguf` into the same model: same tokens, same logits, same chat template and stop tokens."""
     import gguf
 
-    from server.engine.model_runner import ForwardRow, ModelRunner
+    from corral.server.engine.model_runner import ForwardRow, ModelRunner
 
     path, cache = tiny_gguf
     monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
@@ -318,7 +318,7 @@ def test_a_llama_gguf_serves_its_own_blocks_with_its_interleaved_q_and_k_rows(
 ) -> None:
     """`auto` on a `llama` file serves its own tensors (here float32, as written), whose q/k rows llama.cpp
     interleaved for RoPE on adjacent pairs: ggml's normal RoPE mode gives the checkpoint's logits."""
-    from server.engine.model_runner import ForwardRow, ModelRunner
+    from corral.server.engine.model_runner import ForwardRow, ModelRunner
 
     path, cache = tiny_gguf
     monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
@@ -342,11 +342,11 @@ def test_auto_keeps_the_own_decoder_off_devices_where_it_is_not_the_best(caplog:
 
     from transformers import AutoConfig
 
-    from server.models.default_model import ensure_default_model
-    from server.models.loading import _choose_impl
+    from corral.server.models.default_model import ensure_default_model
+    from corral.server.models.loading import _choose_impl
 
     config = AutoConfig.from_pretrained(ensure_default_model())
-    with caplog.at_level(logging.INFO, logger="server.models.loading"):
+    with caplog.at_level(logging.INFO, logger="corral.server.models.loading"):
         assert _choose_impl("auto", config, torch.device("cuda")) == "transformers"
     assert "not the default on cuda" in caplog.text
     assert _choose_impl("corral", config, torch.device("cuda")) == "corral"

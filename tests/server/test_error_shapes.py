@@ -18,10 +18,10 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from server.cli import main as cli_main
-from server.cli import settings_from_args
-from server.middleware import add_outer_middleware
-from server.settings import Settings
+from corral.server.cli import main as cli_main
+from corral.server.cli import settings_from_args
+from corral.server.middleware import add_outer_middleware
+from corral.server.settings import Settings
 
 MODEL = "corral-tiny"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -120,7 +120,7 @@ def test_unexpected_exception_is_a_500_that_keeps_the_connection(
 
     before = _internal_errors(http)
     monkeypatch.setattr(server.frontend, "chat_prompt", broken_prompt)
-    with caplog.at_level(logging.ERROR, logger="server.errors"):
+    with caplog.at_level(logging.ERROR, logger="corral.server.errors"):
         response = http.post("/v1/chat/completions", json=CHOICE_OK, headers={"X-Request-Id": "req-500-test"})
     monkeypatch.undo()
     error = openai_error(response, 500)
@@ -128,7 +128,7 @@ def test_unexpected_exception_is_a_500_that_keeps_the_connection(
     assert "req-500-test" in error["message"]
     assert "secret detail" not in error["message"]
     assert response.headers["x-request-id"] == "req-500-test"
-    logged = [r for r in caplog.records if r.name == "server.errors" and r.exc_info]
+    logged = [r for r in caplog.records if r.name == "corral.server.errors" and r.exc_info]
     assert logged and all(getattr(r, "request_id", None) == "req-500-test" for r in logged)
     assert _internal_errors(http) == before + 1
     assert_serves_on(http, local_port(response))
@@ -189,7 +189,7 @@ def test_cors_origin_flag_repeats_and_host_defaults_to_loopback(
 ) -> None:
     import argparse
 
-    from server.cli import _serve_parser
+    from corral.server.cli import _serve_parser
 
     parser = argparse.ArgumentParser()
     _serve_parser(parser.add_subparsers(dest="command"))
@@ -215,10 +215,10 @@ def test_compile_log_lines_carry_the_request_id(http: httpx.Client, caplog: pyte
     """Grammar compiles run on a worker thread; their log lines still name the request they compile for."""
     regex = f"a(b{uuid.uuid4().hex}"  # unique: a refusal is cached, and only the first compile logs it
     body = {**CHOICE_OK, "structured_outputs": {"regex": regex}}
-    with caplog.at_level(logging.INFO, logger="samplers.compilation"):
+    with caplog.at_level(logging.INFO, logger="corral.samplers.compilation"):
         response = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "compile-trace-7"})
     assert response.status_code == 400
-    refused = [r for r in caplog.records if r.name == "samplers.compilation" and regex in r.getMessage()]
+    refused = [r for r in caplog.records if r.name == "corral.samplers.compilation" and regex in r.getMessage()]
     assert refused, [r.getMessage() for r in caplog.records]
     assert all(getattr(r, "request_id", None) == "compile-trace-7" for r in refused)
 

@@ -1,4 +1,4 @@
-"""The GGUF header reader (server/models/gguf_header.py): the same values as the `gguf` package's full reader,
+"""The GGUF header reader (corral/server/models/gguf_header.py): the same values as the `gguf` package's full reader,
 for every value type, without parsing what was not asked for; clear errors for files that are not GGUF."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.models.gguf_header import GGUFHeaderError, read_fields
+from corral.server.models.gguf_header import GGUFHeaderError, read_fields
 
 
 def _file(path: Path) -> Path:

@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from grammars.contract import validate_output
-from grammars.limits import InputLimits, LimitExceeded, check_schema_limits
-from grammars.request import parse_constraint
-from grammars.spec import GrammarSpec
-from server.middleware import json_depth
-from server.openai.tools import parse_tools
-from server.settings import Settings
+from corral.grammars.contract import validate_output
+from corral.grammars.limits import InputLimits, LimitExceeded, check_schema_limits
+from corral.grammars.request import parse_constraint
+from corral.grammars.spec import GrammarSpec
+from corral.server.middleware import json_depth
+from corral.server.openai.tools import parse_tools
+from corral.server.settings import Settings
 
 MODEL = "corral-tiny"
 MESSAGES = [{"role": "user", "content": "hello"}]

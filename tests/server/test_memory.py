@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-CALL = "from server.memory import limit_malloc_arenas; print(limit_malloc_arenas())"
+CALL = "from corral.server.memory import limit_malloc_arenas; print(limit_malloc_arenas())"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
@@ -22,7 +22,7 @@ def test_arenas_are_capped_unless_the_environment_sets_them() -> None:
 
 
 def test_a_model_that_cannot_fit_is_refused_and_a_cache_that_could_outgrow_memory_is_warned_of() -> None:
-    from server.memory import RUNTIME_BYTES, memory_verdict
+    from corral.server.memory import RUNTIME_BYTES, memory_verdict
 
     gb = 1 << 30
     error, warning = memory_verdict(3 * gb, 1 * gb, 2 * gb)
@@ -36,11 +36,11 @@ def test_a_model_that_cannot_fit_is_refused_and_a_cache_that_could_outgrow_memor
 
 def test_serve_refuses_a_model_larger_than_the_memory_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
     """`corral serve` exits 2 before serving, naming what the model needs and what the machine has."""
-    from server import cli, memory
+    from corral.server import cli, memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda: 512 << 20)
-    from server.models import load_model
-    from server.settings import Settings
+    from corral.server.models import load_model
+    from corral.server.settings import Settings
 
     loaded = load_model("corral-tiny", device="cpu")
     problem = cli._memory_problem(loaded, Settings())

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from server.models import LoadedModel, ModelLoadError, ensure_default_model, load_model
-from server.models.default_model import MODEL_DIRNAME
-from server.models.loading import GENERIC_CHAT_TEMPLATE
+from corral.server.models import LoadedModel, ModelLoadError, ensure_default_model, load_model
+from corral.server.models.default_model import MODEL_DIRNAME
+from corral.server.models.loading import GENERIC_CHAT_TEMPLATE
 
 EOT_ID = 128009
 END_OF_TEXT_ID = 128001
@@ -240,8 +240,8 @@ def test_greedy_json_schema_generation_finishes(default: LoadedModel) -> None:
 
 def test_default_model_runs_on_corrals_decoder(cache_root: Path, default: LoadedModel) -> None:
     """auto picks corral's own decoder for the default Llama; its logits are transformers' logits."""
-    from server.engine.model_runner import ForwardRow, ModelRunner
-    from server.models.llama_family import LlamaFamilyModel
+    from corral.server.engine.model_runner import ForwardRow, ModelRunner
+    from corral.server.models.llama_family import LlamaFamilyModel
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
@@ -276,8 +276,8 @@ def test_model_impl_corral_refuses_other_architectures(tmp_path: Path, cache_roo
 @pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8", "fp16", "fp16-w8a8"])
 def test_quantized_decoder_tracks_the_float_one(cache_root: Path, default: LoadedModel, quantization: str) -> None:
     """Weight-only quantization changes the logits by rounding only: the same most likely tokens, close values."""
-    from server.engine.model_runner import ForwardRow, ModelRunner
-    from server.models.quantized_projection import QuantizedProjection
+    from corral.server.engine.model_runner import ForwardRow, ModelRunner
+    from corral.server.models.quantized_projection import QuantizedProjection
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))
@@ -315,7 +315,7 @@ def test_quantization_needs_corrals_decoder_on_cpu(cache_root: Path) -> None:
 def test_without_fbgemm_auto_falls_back_to_int8_and_fbgemm_modes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` serves a GGUF from its own blocks where ggml is installed, else in fp16; ARM builds of torch carry
     no fbgemm: there it falls back to int8, and fp16/w8a8 say why not."""
-    from server.models import loading
+    from corral.server.models import loading
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(loading, "layer_graphs_available", lambda: True)

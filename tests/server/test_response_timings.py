@@ -1,4 +1,4 @@
-"""`timings.tpot_ms` (server/openai/extras.py): time per output token after the first, where a stop token the
+"""`timings.tpot_ms` (corral/server/openai/extras.py): time per output token after the first, where a stop token the
 model sampled counts as a token. It took a step like any other; left out, a short constrained answer that ends
 on it was charged for a step it did not count, and its TPOT read high against free text's."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from conftest import run_until_done
 
-from grammars.request import ConstraintRequest
-from server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from server.models import load_model
-from server.openai.extras import response_extras
-from server.serving import Finished, Prepared
+from corral.grammars.request import ConstraintRequest
+from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
+from corral.server.models import load_model
+from corral.server.openai.extras import response_extras
+from corral.server.serving import Finished, Prepared
 
 
 def _finished(output_ids: list[int], *, stop_sampled: bool, first: float, end: float) -> Finished:

@@ -1,4 +1,4 @@
-"""The Responses API read as chat (server/openai/responses_api/translate.py) and its stream's items
+"""The Responses API read as chat (corral/server/openai/responses_api/translate.py) and its stream's items
 (stream.py), without a server: what a caller sends becomes the chat request the chat path already serves, a
 400 names the field the caller sent, and streamed items close with the ids they were announced with."""
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from server.errors import ApiError
-from server.openai.responses_api.output import call_item, message_item
-from server.openai.responses_api.request import ResponsesRequest
-from server.openai.responses_api.stream import StreamedItems
-from server.openai.responses_api.translate import chat_form
+from corral.server.errors import ApiError
+from corral.server.openai.responses_api.output import call_item, message_item
+from corral.server.openai.responses_api.request import ResponsesRequest
+from corral.server.openai.responses_api.stream import StreamedItems
+from corral.server.openai.responses_api.translate import chat_form
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}
 

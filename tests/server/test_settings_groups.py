@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from grammars.limits import InputLimits
-from samplers.compilation import CompileOptions, GrammarCache
-from samplers.watchdog import WatchdogLimits
-from server.engine import EngineConfig
-from server.models import ModelOptions
-from server.settings import GROUPS, Settings
+from corral.grammars.limits import InputLimits
+from corral.samplers.compilation import CompileOptions, GrammarCache
+from corral.samplers.watchdog import WatchdogLimits
+from corral.server.engine import EngineConfig
+from corral.server.models import ModelOptions
+from corral.server.settings import GROUPS, Settings
 
 OPTIONS: list[type[Any]] = [ModelOptions, EngineConfig, WatchdogLimits, CompileOptions, InputLimits]
 
@@ -43,7 +43,7 @@ def test_a_changed_setting_reaches_its_component() -> None:
 
 
 def test_compile_settings_reach_the_grammar_cache(tokenizer: Any) -> None:
-    from samplers.registry import BackendSet
+    from corral.samplers.registry import BackendSet
 
     settings = Settings(compile_timeout_s=3.5, compile_isolate=False, compile_timeout_retry_s=42.0)
     cache = GrammarCache.from_options(BackendSet(tokenizer), settings.group(CompileOptions))
@@ -51,7 +51,7 @@ def test_compile_settings_reach_the_grammar_cache(tokenizer: Any) -> None:
 
 
 def test_serve_help_lists_settings_by_group() -> None:
-    out = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "corral.server.cli", "serve", "--help"], capture_output=True, text=True,
                          check=True).stdout
     positions = [out.index(f"{group} settings:") for group in GROUPS]
     assert positions == sorted(positions)

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from grammars.contract import validate_output
-from grammars.request import ConstraintRequest
-from grammars.tools import tool_calls_spec
-from server.openai.chat_render import MessageError, prompt_ids
-from server.openai.protocol import ChatMessage
-from server.openai.tools import ToolCallStream, chat_message, detect_format, parse_tools
+from corral.grammars.contract import validate_output
+from corral.grammars.request import ConstraintRequest
+from corral.grammars.tools import tool_calls_spec
+from corral.server.openai.chat_render import MessageError, prompt_ids
+from corral.server.openai.protocol import ChatMessage
+from corral.server.openai.tools import ToolCallStream, chat_message, detect_format, parse_tools
 
 PARAMS: dict[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Look up", "parameters": PARAMS}}]
@@ -35,7 +35,7 @@ NATIVE_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def default_tokenizer() -> Any:
-    from server.models import ensure_default_model
+    from corral.server.models import ensure_default_model
 
     return AutoTokenizer.from_pretrained(ensure_default_model())
 

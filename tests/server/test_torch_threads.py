@@ -1,4 +1,4 @@
-"""Only the engine thread runs torch on more than one thread (server/torch_threads.py says why)."""
+"""Only the engine thread runs torch on more than one thread (corral/server/torch_threads.py says why)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from server.torch_threads import helper_pool, on_passing_thread
+from corral.server.torch_threads import helper_pool, on_passing_thread
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,394 @@
+"""corral's decode loop: add_request / step / abort over a continuously batched set of sequences.
+
+A step reads schedule → masks → forward → judge → sample; the structured-output stage
+(`structured_output.py`) owns the grammar masks, the output stage (`output_stage.py`) the text a
+request is sent. The engine owns the sequences' life: accept, revise, trip, finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from corral.samplers.closing import ClosingVocabulary
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.revision import RevisionTracker
+from corral.samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated
+from corral.server.engine.grammar_tokens import GrammarTokens
+from corral.server.engine.inbox import Inbox
+from corral.server.engine.logprobs import TokenLogprob
+from corral.server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
+from corral.server.engine.output_stage import OutputStage
+from corral.server.engine.sampling import make_generator, sample_rows
+from corral.server.engine.scheduler import Scheduler
+from corral.server.engine.sequence import SeqOutput, Sequence
+from corral.server.engine.slot_attention import SHORT_ROW_MAX
+from corral.server.engine.speculation import Speculation
+from corral.server.engine.structured_output import MaskFill, SettledMasks, StructuredOutput
+from corral.server.engine.thread_tuner import ThreadTuner, TorchThreads, choose_threads, record_threads
+from corral.server.models import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 16
+    max_model_len: int = 4096
+    jump_forward: bool = True
+    revision_token_id: int | None = None  # None: revision by token is off (backtracking still works)
+    max_revisions: int = 4
+    limits: WatchdogLimits = field(default_factory=WatchdogLimits)
+    prefix_cache: bool = True  # reuse KV of prompt prefixes already computed (corral/server/engine/prefix_cache.py)
+    # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py), or the
+    # one count every forward runs with; set on the engine thread itself. Empty: leave torch's setting alone.
+    thread_choices: tuple[int, ...] = ()
+    # Greedy rows in wide, costly grammar states skip their mask and are checked after the pick
+    # (corral/server/engine/lazy_masks.py).
+    lazy_masks: bool = True
+    # Draft tokens a row may feed after its own (speculative decoding, corral/server/engine/speculation.py); 0: off.
+    draft_tokens: int = 8
+
+
+class Engine:
+    """Single-threaded core: only the thread that calls `step()` touches the scheduler and the cache.
+    Other threads talk to it through `add_request` / `abort`, which only enqueue."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.max_len = min(config.max_model_len, loaded.context_length)
+        self.runner = ModelRunner(
+            loaded, max_batch=config.max_batch, max_len=self.max_len, prefix_cache=config.prefix_cache
+        )
+        # Admission places each prompt in a slot and starts it after its cached prefix.
+        self.scheduler = Scheduler(config.max_batch, placer=self.runner.prefix)
+        self.stop_ids = frozenset(loaded.stop_token_ids)
+        self.revise_id = config.revision_token_id
+        self._inbox = Inbox()
+        stop_ids = torch.tensor(sorted(self.stop_ids), device=loaded.device)
+        self.structured = StructuredOutput(
+            config.max_batch, loaded.vocab_size, self.revise_id, stop_ids, lazy_masks=config.lazy_masks
+        )
+        self.output = OutputStage(loaded.tokenizer)
+        spec = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, tuple(loaded.stop_token_ids))
+        self.grammar_tokens = GrammarTokens(ClosingVocabulary.of(spec), self.stop_ids, jump_forward=config.jump_forward)
+        drafts = config.draft_tokens if self.runner.drafts else 0
+        self.speculation = Speculation(
+            drafts, self.stop_ids, self.revise_id, SHORT_ROW_MAX, self.max_len, loaded.vocab_size,
+            jump_forward=config.jump_forward,
+        )
+        self.on_trip: Callable[[str], None] = lambda kind: None
+        self.threads = ThreadTuner(config.thread_choices) if config.thread_choices else None
+        self._torch_threads = TorchThreads()
+        # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
+        # (another thread) may both end the same sequence; the first one answers.
+        self._answer_lock = threading.Lock()
+
+    # -- API used from other threads ---------------------------------------------------------------
+    def add_request(self, seq: Sequence) -> None:
+        self._inbox.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    # -- the loop ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> None:
+        batch = self._schedule()
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        self.speculation.prepare(batch)
+        masks = self.structured.start(batch)
+        logits, settled = self._forward(batch, masks)
+        live = self._judge(batch, logits.rows, settled)
+        self._sample(batch, live, logits, settled)
+        self.speculation.stepped((time.perf_counter() - t0) * 1000)  # what drafts cost is the whole step's time
+
+    def _schedule(self) -> list[Sequence]:
+        self._drain_inbox()
+        self._reap_answered()
+        batch = self.scheduler.schedule()
+        now = time.perf_counter()
+        for seq in batch:
+            seq.stats.scheduled = seq.stats.scheduled or now
+        return batch
+
+    def _forward(self, batch: list[Sequence], masks: Future[MaskFill] | None) -> tuple[StepLogits, SettledMasks]:
+        """Run the model on the batch. Masked rows settle between the decoder and its head when the runner
+        asks (so sparse rows' head computes only their allowed ids), else after the forward."""
+        settled: SettledMasks | None = None
+        waited = 0.0
+
+        def restrict() -> dict[int, torch.Tensor]:
+            nonlocal settled, waited
+            t_wait = time.perf_counter()
+            settled = self.structured.settle(batch, masks, restrictable=True)
+            waited = time.perf_counter() - t_wait
+            return settled.restricted
+
+        rows_in = forward_rows(batch, self.structured.unmasked)
+        masked = masks is not None
+        chosen = choose_threads(self.threads, self._torch_threads, masked, sum(len(r.tokens) for r in rows_in))
+        t0 = time.perf_counter()
+        logits = self.runner.forward_step(rows_in, restrict if masked else None)
+        elapsed = time.perf_counter() - t0
+        forward_ms = (elapsed - waited) * 1000
+        record_threads(self.threads, chosen, elapsed * 1000)
+        self.speculation.fed(rows_in, logits.dense_rows)
+        for seq in batch:
+            seq.num_cached += len(seq.pending)
+            seq.stats.forward_ms.append(forward_ms)
+        if settled is None:  # the runner did not ask: every masked row gets the full logits, masked after
+            settled = self.structured.settle(batch, masks, restrictable=False)
+        return logits, settled
+
+    def _judge(self, batch: list[Sequence], logits: torch.Tensor, settled: SettledMasks) -> list[int]:
+        """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""
+        for row, message in settled.failed.items():
+            grammar_failed(batch[row], message)
+            self._finish(batch[row], "error")
+        for row in sorted(settled.overran | settled.dead_ends):
+            self._judge_row(batch[row], overran=row in settled.overran)
+        live, stuck = self.structured.apply(logits, batch, settled)
+        for row in stuck:
+            self._revise(batch[row], Trip.DEAD_END)
+        # Restricted rows' logits are exact; the others' best few (and alternatives they report) are made so now.
+        rounded = [row for row in live if row not in settled.restricted]
+        self.runner.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
+        return live
+
+    def _judge_row(self, seq: Sequence, *, overran: bool) -> None:
+        """A row whose fills overran their budget too often ends; one whose grammar allows nothing backs off."""
+        if overran:
+            return self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
+        self._revise(seq, Trip.DEAD_END)
+
+    def _sample(self, batch: list[Sequence], live: list[int], step: StepLogits, settled: SettledMasks) -> None:
+        logits, drafts = step.rows, self.speculation.rows_of(batch, step.drafts)
+        rows = [batch[i] for i in live]
+        histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
+        # All rows live is the usual step: sample in place rather than copy [B, vocab] logits.
+        picked = logits if len(live) == len(batch) else logits[live]
+        # Rows whose head computed only their allowed ids: a greedy pick needs to look at those only.
+        known = {i: settled.restricted[row] for i, row in enumerate(live) if row in settled.restricted}
+        sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories, known)
+        for i, (seq, token, logprob) in enumerate(zip(rows, sampled.tokens, sampled.logprobs, strict=True)):
+            if live[i] in self.structured.unmasked:  # picked without its mask: the grammar checks the pick now
+                checked = self.structured.recheck(seq, live[i], token, picked[i])
+                if checked.token is None or checked.overran:
+                    self._judge_row(seq, overran=checked.overran)
+                    continue
+                token = checked.token
+            if token == self.revise_id:
+                self._revise(seq, Trip.REVISION_DEPTH_EXCEEDED)
+            else:
+                self._advance(seq, token, settled.narrow.get(seq), logprob)
+                if seq in drafts:  # the draft's guesses after this token, checked against this step's logits
+                    self.speculation.verify(seq, drafts[seq], self._advance)
+        for seq in drafts:
+            self.speculation.settle_kv(seq)
+
+    def _drain_inbox(self) -> None:
+        for item in self._inbox.drain():
+            if isinstance(item, Sequence):
+                try:
+                    self._admit(item)
+                except Exception as exc:  # this request's fault (e.g. its seed); the batch goes on
+                    log.exception("admitting request %s failed", item.request_id)
+                    item.error = f"the request could not start: {type(exc).__name__}: {exc}"
+                    self._finish(item, "error")
+            else:
+                seq = self.scheduler.find(item)
+                if seq is not None:
+                    self._finish(seq, "abort")
+
+    def _admit(self, seq: Sequence) -> None:
+        p = seq.params
+        seq.generator = make_generator(p, self.loaded.device)
+        depth = self.config.max_revisions if p.max_revisions is None else p.max_revisions
+        seq.revision = RevisionTracker(depth)
+        seq.mask_budget = MaskBudget(self.config.limits)
+        # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
+        seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self.output.is_whitespace)
+        seq.closer = self.grammar_tokens.closer_for(seq, self._room(seq))
+        self.scheduler.add(seq)
+
+    def _reap_answered(self) -> None:
+        """Drop sequences the hung-step watchdog already answered (it never touches the scheduler itself)."""
+        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.answered]:
+            self.scheduler.finish(seq)
+
+    # -- tokens ------------------------------------------------------------------------------------
+    def _advance(
+        self, seq: Sequence, token: int, narrow: list[int] | None = None, logprob: TokenLogprob | None = None
+    ) -> None:
+        """Take the sampled token: end on a stop token, else accept it, append forced tokens, check limits.
+        `narrow`: the few tokens the row's mask allowed, if it allowed few (the stall check reads them)."""
+        now = time.perf_counter()
+        seq.stats.first_token = seq.stats.first_token or now
+        seq.stats.last_token = now
+        seq.stats.token_times.append(now)
+        if token in self.stop_ids and (seq.matcher is not None or not seq.params.ignore_eos):
+            seq.stats.stop_sampled = True
+            self._finish(seq, "stop")
+            return
+        matcher = seq.matcher
+        if matcher is not None and not matcher.accept_token(token):  # its mask allowed it: the engine failed
+            grammar_failed(seq, refusal(seq, token, self.output.token_text(token)))
+            self._finish(seq, "error")
+            return
+        appended = [token, *self.grammar_tokens.forced_after(seq)]
+        if logprob is not None:  # forced tokens were the only ones allowed: probability 1
+            seq.logprobs += [logprob, *(TokenLogprob.forced(t, seq.params.top_logprobs) for t in appended[1:])]
+        seq.output_ids.extend(appended)
+        seq.stats.sampled_tokens += 1
+        seq.pending = appended
+        seq.revision.record(len(appended))
+        # Only the model's own choices can make a loop: jump-forward tokens, and a sampled token every
+        # allowed alternative agreed with, were the grammar's.
+        chosen = [not dictated(token, narrow, self.output.token_text), *([False] * (len(appended) - 1))]
+        stalled = seq.stall is not None and seq.stall.observe(appended, chosen)
+        if self._close(seq, chosen, stalled):
+            return
+        if stalled:
+            self._trip(seq, Trip.STALL, "the output repeated whitespace or a token cycle past the limit")
+            return
+        # Decoding every step is only needed to stream deltas or to look for stop strings.
+        stop_string = bool(seq.streaming or seq.params.stop) and self.output.emit(seq)
+        if stop_string or (matcher is not None and matcher.is_terminated()):
+            self._finish(seq, "stop")
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_cached + len(seq.pending) >= self.max_len:
+            self._finish(seq, "length")
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens the answer may still add: max_tokens or the context, whichever ends first."""
+        return min(seq.params.max_tokens - len(seq.output_ids), self.max_len - seq.num_cached - len(seq.pending))
+
+    def _close(self, seq: Sequence, chosen: list[bool], stalled: bool) -> bool:
+        """Close a structured answer early (corral/server/engine/answer_closing.py): the budget is about to cut it,
+        or the model runs away (`stalled`, or a runaway value)."""
+        closed = self.grammar_tokens.close(seq, self._room(seq), self.output, chosen, stalled=stalled)
+        if closed:
+            self._finish(seq, "closed")
+        return closed
+
+    def _revise(self, seq: Sequence, trip_if_unable: Trip) -> None:
+        """Take back the last step (matcher, output, KV) and ban its choice at that position.
+        Used for a sampled revision token and for backtracking out of a dead end."""
+        unrecoverable = "the grammar allows no token here and no revision could recover"
+        if not seq.revision.can_revise():
+            too_many = f"more than {seq.revision.max_revisions} revisions"
+            self._trip(seq, trip_if_unable, unrecoverable if trip_if_unable is Trip.DEAD_END else too_many)
+            return
+        if seq.revision.revise(seq.output_ids, seq.matcher, self.structured.choice_probe(seq)) is None:
+            if trip_if_unable is Trip.DEAD_END:
+                self._trip(seq, Trip.DEAD_END, unrecoverable)
+                return
+            # The model asked to revise, but the grammar dictated every token so far: nothing could go
+            # differently. Refuse it at this position and run the step again.
+            assert self.revise_id is not None
+            seq.revision.ban(len(seq.output_ids), self.revise_id)
+        del seq.logprobs[len(seq.output_ids) :]  # the retracted tokens' entries go with them
+        # Re-feed the last kept token: its KV position is rewritten with identical values and its
+        # logits are exactly those a fresh prefill of the kept tokens would give.
+        kept_last = seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]
+        seq.num_cached = len(seq.prompt_ids) + len(seq.output_ids) - 1
+        seq.pending = [kept_last]
+        if seq.stall is not None:
+            seq.stall.reset()
+
+    # -- endings -----------------------------------------------------------------------------------
+    def _trip(self, seq: Sequence, kind: Trip, message: str) -> None:
+        seq.trip = str(kind)
+        seq.error = message
+        self.on_trip(str(kind))
+        self._finish(seq, str(kind))
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.is_finished:
+            return
+        self.scheduler.finish(seq)
+        with self._answer_lock:
+            if seq.answered:
+                return  # the hung-step watchdog answered it while this step ran
+            seq.answered = True
+            seq.finish_reason = reason
+            seq.stats.finished = time.perf_counter()
+            seq.sink(self.output.final(seq, reason))
+
+    def fail_all(self, message: str, reason: str = "error") -> None:
+        """End every live sequence with an error (the loop hit an exception, or it stopped). Engine thread only
+        (or once that thread has ended)."""
+        for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._inbox.take_added()]:
+            seq.error = message
+            self._finish(seq, reason)
+
+    def abandon_all(self, message: str, reason: str) -> None:
+        """From another thread while the engine thread is stuck in a step: give every live sequence its final
+        answer now, touching no scheduler or cache state (the stuck step may still use them). If the step
+        ever returns, the engine drops these sequences (`_reap_answered`) and answers them no second time."""
+        for seq in [*_snapshot(lambda: [*self.scheduler.running, *self.scheduler.waiting]), *self._inbox.take_added()]:
+            if not self._answer_lock.acquire(timeout=5):
+                log.error("the engine holds its answer lock; %s gets no final answer", seq.request_id)
+                continue
+            try:
+                if seq.answered:
+                    continue
+                seq.answered = True
+                seq.error, seq.finish_reason = message, reason
+                seq.stats.finished = time.perf_counter()
+                seq.sink(SeqOutput(seq.request_id, "", True, reason, seq))
+            finally:
+                self._answer_lock.release()
+
+    def shutdown(self) -> None:
+        self.structured.shutdown()
+
+
+def grammar_failed(seq: Sequence, message: str) -> None:
+    """Mark a request its grammar engine failed (a fill raised, or it refused a token its own mask allowed), and log
+    why: it ends with `error`, and `auto` may run it again on another engine (corral/server/serving.py)."""
+    log.warning("request %s ended by a grammar engine error: %s", seq.request_id, message)
+    seq.grammar_failed = True
+    seq.error = message
+
+
+def refusal(seq: Sequence, token: int, text: str) -> str:
+    """What a matcher that refused the token its mask allowed says, in the engine's words."""
+    engine = seq.backend.name if seq.backend is not None else "grammar"
+    cause = (seq.matcher.error if seq.matcher is not None else None) or "no reason given"
+    return f"the {engine} engine refused token {token} ({text!r}), which its mask allowed: {cause}"
+
+
+def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:
+    """Copy collections another thread may be changing (a deque raises if mutated while copied)."""
+    for _ in range(100):
+        try:
+            return read()
+        except RuntimeError:
+            time.sleep(0.001)
+    return []
+
+
+def forward_rows(batch: list[Sequence], unmasked: list[int]) -> list[ForwardRow]:
+    """The step's rows for the runner. A row needs only its best token's id where its sampling says so and it
+    was not picked before its mask (`unmasked`: the recheck after a refused pick needs its exact logits)."""
+    return [ForwardRow(s.slot, s.num_cached, [*s.pending, *(s.draft.tokens if s.draft else ())],
+                       s.params.best_only and i not in unmasked, *draft_shape(s)) for i, s in enumerate(batch)]
+
+
+def draft_shape(seq: Sequence) -> tuple[int, list[int], dict[int, torch.Tensor]] | tuple[()]:
+    """A drafting row's draft length, the draft places it wants logits at and their sparse masks (ForwardRow's
+    last three fields)."""
+    return (len(seq.draft), seq.draft.outputs(), seq.draft.sparse) if seq.draft is not None else ()

@@ -1,0 +1,299 @@
+"""Speculative decoding inside the grammar: a row feeds a draft (corral/server/engine/drafting.py) after its real
+tokens,
+the forward gives logits at the draft's places, and the row keeps the draft's longest prefix the model agrees
+with, plus the model's own pick where it first disagrees.
+
+Only rows whose pick is the best logit (`SamplingParams.best_only`: greedy, no logprobs, penalties or biases)
+draft, and each place is picked under the grammar's mask there, so an answer is token for token the one
+without drafts. The forward's cost grows with the tokens it feeds (on 2 CPU cores a 1.5B model's step of 4
+tokens costs 2.6 times one of 1), so each row drafts only as many tokens as its measured acceptance and the
+measured step cost make worth it (`best_length`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Sequence_
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from corral.samplers.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
+from corral.samplers.protocol import Matcher, allocate_bitmask
+from corral.server.engine.drafting import Draft, NgramIndex, propose
+from corral.server.engine.model_runner import ForwardRow
+from corral.server.engine.sequence import Sequence
+from corral.server.engine.structured_output import set_bit
+
+COST_WINDOW = 256  # decode steps the step-cost fit reads
+# A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
+# (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
+# the engine thread), each row (its mask, sampling and bookkeeping) and a step whose head product has more than
+# one row (ggml's product of one row is its own fast kernel: on Gemma 3 one head row took 13 ms, two 28, eight
+# 47; the first extra row costs what the next six do). COST_PRIOR: the parts relative to the mean
+# step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
+# as (ridge regression towards it).
+COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
+PRIOR_WEIGHT = 1.0
+# A row that does not draft still guesses PROBE_LENGTH tokens every PROBE_EVERY steps where its lookup finds
+# one: without evidence its acceptance stays at the prior, which may never look worth a draft (text that copies
+# well would then never be drafted at all).
+PROBE_EVERY = 8
+PROBE_LENGTH = 3
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a decode step computed: the regressors of its time."""
+
+    tokens: int
+    dense_rows: int
+    draft_places: int
+    rows: int
+
+    def features(self) -> list[float]:
+        return [1.0, self.tokens, self.dense_rows, self.draft_places, self.rows, float(self.dense_rows > 1)]
+
+
+@dataclass(frozen=True)
+class CostParts:
+    """Milliseconds per part of a step (see COST_PRIOR); never negative."""
+
+    fixed: float
+    per_token: float
+    per_dense_row: float
+    per_place: float
+    per_row: float
+    multi_row: float = 0.0  # a head product of more than one row, once per step
+
+    def step_ms(self, shape: StepShape) -> float:
+        return float(sum(p * f for p, f in zip(dataclasses.astuple(self), shape.features(), strict=True)))
+
+
+class StepCost:
+    """Decode steps' wall times (drafting, forward, verification) fitted by least squares over recent steps."""
+
+    def __init__(self) -> None:
+        self._steps: deque[tuple[StepShape, float]] = deque(maxlen=COST_WINDOW)
+
+    def record(self, shape: StepShape, ms: float) -> None:
+        self._steps.append((shape, ms))
+
+    def parts(self) -> CostParts:
+        if not self._steps:
+            return CostParts(*COST_PRIOR)
+        features = np.array([s.features() for s, _ in self._steps])
+        times = np.array([ms for _, ms in self._steps])
+        prior = np.array(COST_PRIOR) * float(times.mean())
+        # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are these.
+        weight = PRIOR_WEIGHT * np.eye(len(COST_PRIOR))
+        fitted = np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior)
+        return CostParts(*(float(v) for v in np.maximum(fitted, 0.01 * prior)))
+
+
+def best_length(rate: float, limit: int, step_ms: float, made: float, per_token: float, first: float = 0.0) -> int:
+    """How many draft tokens maximise the step's expected tokens per ms: `made` tokens the step gives anyway in
+    `step_ms`, each draft token adding `per_token` ms (and any draft `first` ms once) and, the i-th, `rate ** i`
+    expected tokens."""
+    best, best_rate = 0, made / step_ms
+    gain = 0.0
+    for length in range(1, limit + 1):
+        gain += rate**length
+        value = (made + gain) / (step_ms + first + per_token * length)
+        if value > best_rate:
+            best, best_rate = length, value
+    return best
+
+
+class Speculation:
+    """Drafts for a step's rows before the forward, and their verification after it."""
+
+    def __init__(
+        self,
+        max_draft: int,
+        stop_ids: frozenset[int],
+        revise_id: int | None,
+        row_max: int,
+        max_len: int,
+        vocab_size: int,
+        *,
+        jump_forward: bool = True,
+    ) -> None:
+        """row_max: tokens a row may feed and stay on the decode path (slot_attention.SHORT_ROW_MAX)."""
+        self.max_draft = max_draft
+        self.jump_forward = jump_forward
+        self.stop_ids = stop_ids
+        self.revise_id = revise_id
+        self.row_max = row_max
+        self.max_len = max_len
+        self.vocab_size = vocab_size
+        self.cost = StepCost()
+        self._shape: StepShape | None = None  # the running step's, until `stepped`
+        self._bitmask = allocate_bitmask(row_max, vocab_size)
+
+    # -- before the forward ------------------------------------------------------------------------
+    def prepare(self, batch: list[Sequence]) -> None:
+        """Give each row that may draft its draft for this step (`seq.draft`), sized by `best_length`."""
+        cost = self.cost.parts()
+        # This step without drafts: its fed tokens, and a logit row per row (dense or not, the head costs it).
+        step_ms = cost.step_ms(StepShape(sum(len(s.pending) for s in batch), len(batch), 0, len(batch)))
+        made = float(len(batch))
+        dense_rows = len(batch)  # as if every row's logits were dense: a sparse one's cost little either way
+        for seq in batch:
+            seq.draft = None
+            limit = self._limit(seq)
+            if limit <= 0:
+                continue
+            if seq.ngrams is None:
+                seq.ngrams = NgramIndex()
+            context = [*seq.prompt_ids, *seq.output_ids]
+            seq.ngrams.sync(context)
+            rate = seq.drafting.rate
+            draft_token_ms = cost.per_token + cost.per_place + cost.per_dense_row * seq.drafting.dense_share
+            # The first draft place of a step of one head row makes its head product a multi-row one.
+            jump = cost.multi_row if dense_rows == 1 else 0.0
+            length = best_length(rate, limit, step_ms, made, draft_token_ms, jump)
+            # Probes only in a step of one row: in a batch each probe's places cost every row a share of the step
+            # (Gemma 3's extraction at concurrency 8 ran 0.88x with them).
+            if length == 0 and (seq.drafting.idle() < PROBE_EVERY or len(batch) > 1):
+                continue
+            # A probe: a few guesses now and then, so a row's acceptance is measured at all, and the step cost seen
+            # at more than one draft size (one size alone cannot tell a draft's first place from the next ones).
+            length = max(length, min(PROBE_LENGTH, limit))
+            # The room jump-forward has after each guess (none where it is off: the draft forces nothing either).
+            forced_room = seq.params.max_tokens - len(seq.output_ids) if self.jump_forward else 0
+            draft = propose(seq.ngrams, context, length, seq.matcher, self.stop_ids, forced_room)
+            if draft.proposed == 0:
+                continue
+            draft.start, draft.cached = len(seq.output_ids), seq.num_cached + len(seq.pending)
+            if seq.matcher is not None:
+                self._mask(seq, seq.matcher, draft)
+                seq.drafting.saw_places(len(draft.outputs()), len(draft.sparse))
+            seq.draft = draft
+            step_ms += draft_token_ms * len(draft) + jump
+            dense_rows += len(draft.outputs())
+            made += sum(rate ** (i + 1) for i in range(len(draft)))
+
+    def _limit(self, seq: Sequence) -> int:
+        """Draft tokens this row may feed: none while it prefills or where its pick is not the best logit."""
+        if self.max_draft <= 0 or not seq.params.best_only or not seq.params.drafts or not seq.output_ids:
+            return 0
+        room = min(
+            seq.params.max_tokens - len(seq.output_ids) - 1, self.max_len - seq.num_cached - len(seq.pending) - 1
+        )
+        return max(0, min(self.max_draft, self.row_max - len(seq.pending), room))
+
+    def _mask(self, seq: Sequence, matcher: Matcher, draft: Draft) -> None:
+        """The grammar's mask at each place verification reads, so a pick there is the masked pick (the one a
+        step without the draft makes); a sparse place's head computes its allowed ids alone. Where the row may
+        still revise, the revision token is allowed too, as a step's mask allows it (a pick of it ends the
+        walk: the next step makes it, under the engine's rules)."""
+        places = draft.outputs()
+        for j, token in enumerate(draft.tokens):
+            accepted = matcher.accept_token(token)
+            assert accepted, "the draft was built in this matcher's grammar"
+            if j in places:
+                matcher.fill_bitmask(self._bitmask, places.index(j))
+        matcher.rollback(len(draft.tokens))
+        masks = self._bitmask[: len(places)].clone()
+        counts = allowed_counts(masks, list(range(len(places))))
+        words = masks.numpy()
+        limit = sparse_limit(self.vocab_size)
+        draft.masks = masks
+        draft.sparse = {
+            i: torch.from_numpy(allowed_ids(words[i], self.vocab_size)) for i, n in enumerate(counts) if n <= limit
+        }
+        if self.revise_id is not None and seq.revision.remaining > 0 and self.revise_id < self.vocab_size:
+            for i, count in enumerate(counts):
+                if count:  # a place that allows nothing is a dead end, which the next step backs off from
+                    set_bit(masks, i, self.revise_id)
+                    if i in draft.sparse:
+                        draft.sparse[i] = torch.unique(torch.cat([draft.sparse[i], torch.tensor([self.revise_id])]))
+
+    # -- after the forward -------------------------------------------------------------------------
+    def fed(self, rows: Sequence_[ForwardRow], dense_rows: int) -> None:
+        """A forward ran, computing `dense_rows` logit rows over the whole vocabulary. A decode step (no prompt
+        row) is a sample of the step cost once `stepped` gives its time."""
+        decode = all(len(r.tokens) <= self.row_max for r in rows)
+        places = sum(len(r.draft_outputs) for r in rows)
+        self._shape = StepShape(sum(len(r.tokens) for r in rows), dense_rows, places, len(rows)) if decode else None
+
+    def stepped(self, ms: float) -> None:
+        """The step's wall time, drafting and verification included."""
+        if self._shape is not None:
+            self.cost.record(self._shape, ms)
+        self._shape = None
+
+    @staticmethod
+    def rows_of(batch: list[Sequence], drafts: torch.Tensor) -> dict[Sequence, torch.Tensor]:
+        """Each drafting row's draft logits (its rows of the step's `drafts`, in batch order)."""
+        out: dict[Sequence, torch.Tensor] = {}
+        offset = 0
+        for seq in batch:
+            if seq.draft is not None:
+                wanted = len(seq.draft.outputs())
+                out[seq] = drafts[offset : offset + wanted]
+                offset += wanted
+        return out
+
+    def verify(self, seq: Sequence, logits: torch.Tensor, advance: Callable[[Sequence, int], None]) -> None:
+        """After the row's main pick was taken: walk the draft while the model's pick at each place (`logits`:
+        its rows of the step's draft logits, one per `Draft.outputs` place) is the guess there, taking each
+        through `advance`; where it differs, or after the draft's last token, take the model's pick too."""
+        draft = seq.draft
+        assert draft is not None
+        place = {j: row for row, j in enumerate(draft.outputs())}
+        while not seq.is_finished:
+            produced = seq.output_ids[draft.start :]
+            i = len(produced)
+            if i == 0 or i > len(draft) or produced != draft.tokens[:i] or i - 1 not in place:
+                break  # the answer left the draft: the later logits are for other text
+            pick = self._pick(seq, draft, logits, place[i - 1])
+            if pick is None or pick in seq.revision.banned_at(len(seq.output_ids)):
+                break  # the pick here is not the one a step would make: the next step makes it
+            advance(seq, pick)
+            if i == len(draft) or pick != draft.tokens[i]:
+                break  # the model's own token where the draft ended or went wrong: the step's last
+        kept = kept_prefix(seq.output_ids[draft.start :], draft.tokens)
+        accepted = draft.forced[:kept].count(False)
+        seq.drafting.record(draft.proposed, accepted)
+
+    def _pick(self, seq: Sequence, draft: Draft, logits: torch.Tensor, row: int) -> int | None:
+        """The greedy pick at a draft place, as a step makes it there: under the grammar's mask (a sparse place
+        came out of the head masked), never a stop token where the request ignores them. None: nothing allowed."""
+        line = logits[row]
+        if draft.masks is not None and row not in draft.sparse:
+            masked = line.clone()[None]
+            apply_bitmask(masked, draft.masks[row : row + 1])
+            line = masked[0]
+        pick = int(torch.argmax(line))
+        if bool(torch.isinf(line[pick])) or pick == self.revise_id:
+            return None
+        if seq.matcher is None and seq.params.ignore_eos and pick in self.stop_ids:
+            return None
+        return pick
+
+    @staticmethod
+    def settle_kv(seq: Sequence) -> None:
+        """Keep the KV of the draft tokens the answer kept; the rest of the draft's places are rewritten later.
+        Where every fed token was kept, the last one is fed again: the logits after it need this step's mask."""
+        draft, seq.draft = seq.draft, None
+        if draft is None or seq.is_finished or len(seq.output_ids) < draft.start:
+            return  # ended, or revised (the revision set the row's cache and pending tokens itself)
+        tokens = [*seq.prompt_ids, *seq.output_ids]
+        valid = min(draft.cached + kept_prefix(seq.output_ids[draft.start :], draft.tokens), len(tokens) - 1)
+        seq.num_cached = valid
+        seq.pending = tokens[valid:]
+
+
+def kept_prefix(produced: list[int], drafted: list[int]) -> int:
+    """How many leading draft tokens the answer kept."""
+    kept = 0
+    for made, guessed in zip(produced, drafted, strict=False):
+        if made != guessed:
+            break
+        kept += 1
+    return kept

@@ -1,0 +1,382 @@
+"""Any step of the decoder as one ggml graph, from token ids to each row's final-normed hidden state.
+
+The graphs of ggml_layers.py take steps of few tokens a row, every tensor with memory of its own (Gemma 3's
+shapes: a few MB a graph). A GGUF served from its own blocks (corral/server/models/gguf_decoder.py) runs every step
+here instead, prompts included, so no float copy of its weights is ever needed:
+
+- the embedding is looked up in the file's blocks (`get_rows` decodes just the step's rows);
+- the graph is described first and given memory by ggml's graph allocator, which reuses a node's memory once
+  every reader of it has run: a 512-token prompt chunk of a 1.5B model needs tens of MB, not the GBs that
+  memory of its own for every node would take;
+- the short rows (a decode token, the grammar's forced ones after it) attend as the one-graph decoder does
+  (one block of queries per slot of their range), and each long row (a prompt) attends on its own over its
+  slot, its queries never padded to another row's length; outputs are put back in the pack's order.
+
+Graphs of decode steps are kept per shape (the same shapes recur step after step); a graph with a long row is
+built for its step and freed after it (building costs milliseconds, a prompt chunk's compute seconds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from corral.server.models.decode_layout import DecodeCache, DecodeLayout, LongRow
+from corral.server.models.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
+from corral.server.models.row_kernel import GraphPlan, cpu_buffer_type, ggml_modules
+
+_MIN_KEY_BUCKET = 64
+_MASK_PAD = 32  # flash attention's masks cover the queries rounded up to this (GGML_KQ_MASK_PAD)
+_LAYER_NODES = 64
+_LONG_ROW_NODES = 12  # per layer, each long row's views, mask and attention
+GRAPHS_KEPT = 64  # decode-step graphs kept, one per shape, the least recently used dropped
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """The token embedding as ggml looks rows up in it: a weight tensor [hidden, vocab] and the factor the
+    model scales looked-up rows by (Gemma: sqrt(hidden))."""
+
+    ggml_weight: Any
+    scale: float
+
+
+class StepGraphs:
+    """The decoder's graphs for steps of any size: `hidden` takes the step's token ids and returns each row's
+    final-normed last hidden state [rows, hidden] (float32), over a cache whose layout it reads and writes."""
+
+    def __init__(
+        self,
+        shape: StepShape,
+        layers: Sequence[LayerParts],
+        ropes: Sequence[tuple[torch.Tensor, float]],
+        final_norm: torch.Tensor,
+        embedding: Embedding,
+    ) -> None:
+        """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale."""
+        self.shape, self.layers, self.final_norm, self.embedding = shape, list(layers), final_norm, embedding
+        gains: list[torch.Tensor] = [final_norm]
+        for part in self.layers:
+            optional = [part.qkv_bias, part.qk_norm_gain, part.o_bias, part.attn_out_norm, part.gate_up_bias]
+            optional += [part.down_bias, part.mlp_out_norm]
+            gains += [part.input_norm, part.mlp_norm] + [t for t in optional if t is not None]
+        factors = [rope_factors(inv_freq, shape.head_dim) for inv_freq, _ in ropes]
+        self.params = GraphParams(list(dict.fromkeys(gains, None)) + [f for _, f in factors])
+        self.ropes = [
+            (base, self.params[table], float(scale)) for (base, table), (_, scale) in zip(factors, ropes, strict=True)
+        ]
+        self._graphs: dict[tuple[Any, ...], _StepGraph] = {}
+        self._graphs_cache: tuple[int, ...] = ()
+        self.decode_steps = 0  # steps served by a kept graph, and by one built for its step (tests, profiling)
+        self.prompt_steps = 0
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: DecodeCache
+    ) -> torch.Tensor:
+        rows = cache.step_rows()
+        threads = max(1, torch.get_num_threads())
+        key_dtype = cache.keys[0].dtype
+        if key_dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"the step graphs read a float32 or float16 cache, not {key_dtype}")
+        tokens, outputs = len(input_ids), len(last)
+        short = rows.short
+        if short is not None:
+            keys = int(positions[short.token_index].max()) + 1 if short.token_index is not None else 1
+            bucket = min(cache.max_len, max(_MIN_KEY_BUCKET, 1 << (keys - 1).bit_length()))
+            short_shape: tuple[int, int, int, bool] | None = (short.slots, short.queries, bucket, not short.direct)
+        else:
+            short_shape = None
+        if rows.long:
+            self.prompt_steps += 1
+            graph = _StepGraph(self, cache, tokens, outputs, short_shape, rows.long)
+            try:
+                return graph.run(input_ids, positions, last, short, threads)
+            finally:
+                graph.free()
+        self.decode_steps += 1
+        graph = self._kept(cache, (tokens, outputs, short_shape))
+        return graph.run(input_ids, positions, last, short, threads)
+
+    def _kept(self, cache: DecodeCache, key: tuple[Any, ...]) -> _StepGraph:
+        """The graph for a step of this shape over this cache (graphs point at its buffers: another cache
+        drops them), the most recently used GRAPHS_KEPT kept."""
+        pointers = tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
+        if pointers != self._graphs_cache:
+            for graph in self._graphs.values():
+                graph.free()
+            self._graphs, self._graphs_cache = {}, pointers
+        if key in self._graphs:
+            graph = self._graphs.pop(key)
+        else:
+            tokens, outputs, short_shape = key
+            graph = _StepGraph(self, cache, tokens, outputs, short_shape, ())
+            if len(self._graphs) >= GRAPHS_KEPT:
+                self._graphs.pop(next(iter(self._graphs))).free()
+        self._graphs[key] = graph
+        return graph
+
+    def __del__(self) -> None:
+        for graph in getattr(self, "_graphs", {}).values():
+            graph.free()
+        params = getattr(self, "params", None)
+        if params is not None:
+            params.free()
+
+
+class _StepGraph:
+    """One step's graph: `tokens` tokens packed in row order, `outputs` rows' last hidden states out. The short
+    rows (if any) attend as one block over `short_shape` = (slots of their range, queries a slot, keys,
+    gathered); each long row over its own slot."""
+
+    def __init__(
+        self,
+        steps: StepGraphs,
+        cache: DecodeCache,
+        tokens: int,
+        outputs: int,
+        short_shape: tuple[int, int, int, bool] | None,
+        long_rows: Sequence[LongRow],
+    ) -> None:
+        ggml, _ = ggml_modules()
+        self.ggml = ggml
+        s, layers = steps.shape, steps.layers
+        self.tokens, self.outputs, self.short_shape, self.long_rows = tokens, outputs, short_shape, tuple(long_rows)
+        nodes = (_LAYER_NODES + _LONG_ROW_NODES * len(self.long_rows)) * len(layers) + 64
+        size = (nodes + 32) * int(ggml.ggml_tensor_overhead()) + int(ggml.ggml_graph_overhead_custom(nodes, False))
+        self.context = c = GraphContext(steps, tokens, size, allocate=False)
+        self._inputs: list[Any] = [c.positions]
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        half = cache.keys[0].dtype == torch.float16
+        kv_type, self._elt = (ggml.GGML_TYPE_F16, 2) if half else (ggml.GGML_TYPE_F32, 4)
+        self._max_len = cache.max_len
+        slot_bytes = cache.max_len * kv_size * self._elt
+        self._slot_bytes = slot_bytes
+
+        ids = self._input(ggml.GGML_TYPE_I32, tokens)
+        write = self._input(ggml.GGML_TYPE_I64, tokens)
+        last = self._input(ggml.GGML_TYPE_I32, outputs)
+        x = ggml.ggml_get_rows(c.ctx, steps.embedding.ggml_weight, ids)
+        if steps.embedding.scale != 1.0:
+            x = ggml.ggml_scale(c.ctx, x, steps.embedding.scale)
+        self._ids, self._write, self._last = ids, write, last
+
+        # The short rows' block: masks [keys, queries, 1, slots]; gathered queries and their way back.
+        self._full_mask = self._window_mask = self._gather = self._scatter = None
+        if short_shape is not None:
+            slots, queries, keys, gathered = short_shape
+            self._full_mask = self._input(ggml.GGML_TYPE_F16, keys, queries, 1, slots)
+            self._window_mask = self._input(ggml.GGML_TYPE_F16, keys, queries, 1, slots)
+            if gathered:
+                self._gather = self._input(ggml.GGML_TYPE_I32, slots * queries)
+                self._scatter = self._input(ggml.GGML_TYPE_I32, self._short_tokens(tokens))
+        # Each long row: its causal masks [keys, queries rounded up] (full and windowed).
+        self._long_masks: list[tuple[Any, Any]] = []
+        for row in self.long_rows:
+            padded = -(-row.tokens // _MASK_PAD) * _MASK_PAD
+            keys = row.start + row.tokens
+            self._long_masks.append((self._input(ggml.GGML_TYPE_F16, keys, padded),
+                                     self._input(ggml.GGML_TYPE_F16, keys, padded)))
+        # Attention outputs back into the pack's order when long rows are in the step.
+        self._order = self._input(ggml.GGML_TYPE_I32, tokens) if self.long_rows else None
+
+        external = ggml.ggml_init_params(
+            mem_size=2 * len(layers) * int(ggml.ggml_tensor_overhead()) + 4096, mem_buffer=None, no_alloc=True
+        )
+        self._cache_ctx: Any = ggml.ggml_init(external)
+        self._short_views: list[Any] = []  # their data pointers move to the step's first slot
+        self._cache_pointers: list[int] = []
+        self._window = next((p.window for p in layers if p.window is not None), None)
+        for i, layer in enumerate(layers):
+            qkv, rotated = c.queries_keys_values(layer, x)
+            per_token = rotated.contents.nb[2]
+            new_k = ggml.ggml_view_2d(c.ctx, rotated, kv_size, tokens, per_token, s.num_heads * s.head_dim * 4)
+            new_v = ggml.ggml_view_2d(c.ctx, qkv, kv_size, tokens, qkv.contents.nb[1], (q_size + kv_size) * 4)
+            written = []
+            for buffer, new in ((cache.keys[i], new_k), (cache.values[i], new_v)):
+                whole = ggml.ggml_new_tensor_2d(self._cache_ctx, kv_type, kv_size, buffer.numel() // kv_size)
+                whole.contents.data = buffer.data_ptr()
+                self._cache_pointers.append(buffer.data_ptr())
+                written.append(ggml.ggml_set_rows(c.ctx, whole, new, write))
+            parts = []
+            windowed = layer.window is not None
+            if short_shape is not None:
+                parts.append(self._short_attention(c, rotated, written, short_shape, windowed))
+            for row, masks in zip(self.long_rows, self._long_masks, strict=True):
+                parts.append(self._long_attention(c, rotated, written, row, masks[1] if windowed else masks[0]))
+            attention = parts[0]
+            for more in parts[1:]:
+                attention = ggml.ggml_concat(c.ctx, attention, more, 1)
+            if self._order is not None:
+                attention = ggml.ggml_get_rows(c.ctx, attention, self._order)
+            # The last layer's o projection and MLP only for the tokens whose hidden state is wanted (a prompt's
+            # last): the rest of a prompt needed this layer's keys and values alone.
+            gather = last if i == len(layers) - 1 and outputs < tokens else None
+            x = c.layer_tail(layer, x, attention, gather)
+        x = c.norm(x if outputs < tokens else ggml.ggml_get_rows(c.ctx, x, last), steps.final_norm)
+        ggml.ggml_set_output(x)
+        self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
+        ggml.ggml_build_forward_expand(self.graph, x)
+        self._allocator: Any = ggml.ggml_gallocr_new(cpu_buffer_type())
+        if not ggml.ggml_gallocr_alloc_graph(self._allocator, self.graph):
+            self.free()
+            raise MemoryError(f"ggml could not allocate a {tokens}-token step's graph")
+        self._out = c.view(x, outputs, s.hidden_size)
+        self._plan = GraphPlan(self.graph)
+        self._views: dict[int, torch.Tensor] = {}
+
+    def _in(self, tensor: Any, *shape: int) -> torch.Tensor:
+        """Torch's view of an input (made once: ggml placed it when the graph was allocated)."""
+        key = ctypes.addressof(tensor.contents)
+        made = self._views.get(key)
+        if made is None or tuple(made.shape) != shape:
+            made = self._views[key] = self.context.view(tensor, *shape)
+        return made
+
+    def _input(self, kind: int, *dims: int) -> Any:
+        made = self.context.new(kind, *dims)
+        self.ggml.ggml_set_input(made)
+        self._inputs.append(made)
+        return made
+
+    def _short_tokens(self, tokens: int) -> int:
+        return tokens - sum(row.tokens for row in self.long_rows)
+
+    def _short_attention(
+        self, c: GraphContext, rotated: Any, written: list[Any], shape: tuple[int, int, int, bool], windowed: bool
+    ) -> Any:
+        """The short rows' attention [q_size, their tokens], in their pack order."""
+        g, s = self.ggml, c.shape
+        slots, queries, keys, gathered = shape
+        kv_size, q_size = s.num_kv_heads * s.head_dim, s.num_heads * s.head_dim
+        seen = []
+        for tensor in written:  # [head_dim, keys, kv_heads, slots] from the range's first slot (moved per step)
+            view = g.ggml_view_4d(c.ctx, tensor, s.head_dim, keys, s.num_kv_heads, slots, kv_size * self._elt,
+                                  s.head_dim * self._elt, self._slot_bytes, 0)
+            self._short_views.append(view.contents)
+            seen.append(view)
+        per_token = rotated.contents.nb[2]
+        if not gathered:  # one token a row, in slot order: the queries as they lie [head_dim, 1, heads, slots]
+            block = g.ggml_view_4d(c.ctx, rotated, s.head_dim, 1, s.num_heads, slots, per_token, s.head_dim * 4,
+                                   per_token, 0)
+        else:
+            packed = g.ggml_view_2d(c.ctx, rotated, q_size, self.tokens, per_token, 0)
+            picked = g.ggml_get_rows(c.ctx, packed, self._gather)
+            block = g.ggml_permute(c.ctx, g.ggml_reshape_4d(c.ctx, picked, s.head_dim, s.num_heads, queries, slots),
+                                   0, 2, 1, 3)
+        mask = self._window_mask if windowed else self._full_mask
+        out = g.ggml_flash_attn_ext(c.ctx, block, seen[0], seen[1], mask, s.attn_scale, 0.0, 0.0)
+        out = g.ggml_reshape_2d(c.ctx, out, q_size, slots * queries)
+        return g.ggml_get_rows(c.ctx, out, self._scatter) if self._scatter is not None else out
+
+    def _long_attention(self, c: GraphContext, rotated: Any, written: list[Any], row: LongRow, mask: Any) -> Any:
+        """One long row's attention [q_size, its tokens] over its slot's keys up to its last token."""
+        g, s = self.ggml, c.shape
+        kv_size, q_size = s.num_kv_heads * s.head_dim, s.num_heads * s.head_dim
+        keys = row.start + row.tokens
+        seen = [
+            g.ggml_view_4d(c.ctx, tensor, s.head_dim, keys, s.num_kv_heads, 1, kv_size * self._elt,
+                           s.head_dim * self._elt, self._slot_bytes, row.slot * self._slot_bytes)
+            for tensor in written
+        ]
+        nb = rotated.contents.nb
+        queries = g.ggml_view_3d(c.ctx, rotated, s.head_dim, s.num_heads, row.tokens, nb[1], nb[2], row.offset * nb[2])
+        block = g.ggml_permute(c.ctx, queries, 0, 2, 1, 3)  # [head_dim, count, heads, 1]
+        out = g.ggml_flash_attn_ext(c.ctx, block, seen[0], seen[1], mask, s.attn_scale, 0.0, 0.0)
+        return g.ggml_reshape_2d(c.ctx, out, q_size, row.tokens)
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, short: DecodeLayout | None,
+        threads: int,
+    ) -> torch.Tensor:
+        c = self.context
+        view = self._in
+        view(self._ids, self.tokens).copy_(input_ids)
+        view(c.positions, self.tokens).copy_(positions)
+        flat = self._flat_slots(positions, short)
+        view(self._write, self.tokens).copy_(flat * self._max_len + positions)
+        view(self._last, self.outputs).copy_(last)
+        if short is not None and self.short_shape is not None:
+            self._fill_short(positions, short)
+        for row, (full, windowed) in zip(self.long_rows, self._long_masks, strict=True):
+            self._fill_long(row, full, windowed)
+        if self._order is not None:
+            view(self._order, self.tokens).copy_(self._order_of(short))
+        self._plan.compute(threads)
+        return self._out.clone()
+
+    def _flat_slots(self, positions: torch.Tensor, short: DecodeLayout | None) -> torch.Tensor:
+        """Each packed token's slot."""
+        slots = torch.empty(self.tokens, dtype=torch.long)
+        if short is not None:
+            index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
+            slots[index] = short.first_slot + short.token_slot
+        for row in self.long_rows:
+            slots[row.offset : row.offset + row.tokens] = row.slot
+        return slots
+
+    def _fill_short(self, positions: torch.Tensor, short: DecodeLayout) -> None:
+        assert self.short_shape is not None
+        slots, queries, keys, gathered = self.short_shape
+        view = self._in
+        index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
+        cell = short.token_slot * queries + short.token_query  # each short token's place in the blocks
+        # Keys a query sees: its own position + 1; padding sees key 0 only (a finite softmax, output unread).
+        lengths = torch.ones(slots * queries, dtype=torch.long)
+        lengths[cell] = positions[index] + 1
+        if gathered:  # a padding query is token 0's, masked
+            picked = torch.zeros(slots * queries, dtype=torch.int32)
+            picked[cell] = index.to(torch.int32)
+            view(self._gather, slots * queries).copy_(picked)
+            view(self._scatter, len(cell)).copy_(cell)
+        lengths = lengths.view(slots, queries, 1)
+        key_index = torch.arange(keys)[None, None, :]
+        visible = key_index < lengths
+        view(self._full_mask, slots, queries, keys).copy_(torch.where(visible, 0.0, float("-inf")))
+        if self._window is not None:
+            in_window = visible & (key_index >= lengths - self._window)
+            view(self._window_mask, slots, queries, keys).copy_(torch.where(in_window, 0.0, float("-inf")))
+        offset = short.first_slot * self._slot_bytes
+        for i, view_contents in enumerate(self._short_views):
+            view_contents.data = self._cache_pointers[i] + offset
+
+    def _fill_long(self, row: LongRow, full: Any, windowed: Any) -> None:
+        keys, padded = row.start + row.tokens, -(-row.tokens // _MASK_PAD) * _MASK_PAD
+        query_position = row.start + torch.arange(padded)[:, None]
+        key_index = torch.arange(keys)[None, :]
+        visible = key_index <= query_position
+        visible[row.tokens :] = key_index == 0  # padding queries see key 0 only
+        view = self._in
+        view(full, padded, keys).copy_(torch.where(visible, 0.0, float("-inf")))
+        if self._window is not None:
+            in_window = visible & (key_index > query_position - self._window)
+            in_window[row.tokens :] = visible[row.tokens :]
+            view(windowed, padded, keys).copy_(torch.where(in_window, 0.0, float("-inf")))
+
+    def _order_of(self, short: DecodeLayout | None) -> torch.Tensor:
+        """For each packed token, its row in the concatenated attention outputs: the short tokens' (in pack
+        order) first, then each long row's."""
+        order = torch.empty(self.tokens, dtype=torch.int32)
+        at = 0
+        if short is not None:
+            index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
+            order[index] = torch.arange(len(index), dtype=torch.int32)
+            at = len(index)
+        for row in self.long_rows:
+            order[row.offset : row.offset + row.tokens] = torch.arange(at, at + row.tokens, dtype=torch.int32)
+            at += row.tokens
+        return order
+
+    def free(self) -> None:
+        ggml = self.ggml
+        allocator = getattr(self, "_allocator", None)
+        if allocator:
+            ggml.ggml_gallocr_free(allocator)
+            self._allocator = None
+        self.context.free()
+        if self._cache_ctx:
+            ggml.ggml_free(self._cache_ctx)
+            self._cache_ctx = None

@@ -1,0 +1,193 @@
+"""A GGUF served from its own quantized blocks, every step on ggml, as llama.cpp serves it.
+
+The file is memory-mapped (corral/server/models/gguf_file.py) and its weights go to ggml's quantized products where
+they lie: no float copy on disk or in memory, and every step size (a decode token, forced tokens, a prompt
+chunk) runs as one graph (corral/server/models/ggml_step_graph.py). The head multiplies the file's output weight (or
+the tied embedding) the same way; a grammar-restricted row computes its allowed logits exactly from the
+weight's decoded rows, and full rows' best logits are recomputed so (`refine`), so both kinds of row see the
+same values where a pick is decided.
+
+The configuration (shape, RoPE tables, windows) is the Hugging Face config that transformers derives from
+the file's metadata (corral/server/models/gguf_import.py writes it with the tokenizer, once). The tensors follow
+llama.cpp's names and conventions: Gemma's norm gains are stored with their +1 already in, and a `llama`
+file's q/k rows are interleaved for RoPE on adjacent pairs, which ggml's normal RoPE mode then applies (the
+keys in the cache stay in that order; attention does not depend on it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corral.server.models.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
+from corral.server.models.ggml_step_graph import Embedding, StepGraphs
+from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
+from corral.server.models.llama_family import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
+from corral.server.models.logit_refinement import refine_near_top
+from corral.server.models.row_kernel import RowKernel
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's RoPE layout per architecture: `llama` files hold q/k rows interleaved for adjacent pairs.
+ROPE_MODES = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX,
+              "gemma3": ROPE_NEOX}
+KV_DTYPE = torch.float16  # llama.cpp's default cache type: half the memory of float32
+HEAD_MAX_ROWS = 1 << 16
+
+
+class GgufHead:
+    """The vocabulary projection over the file's blocks: ggml's quantized product for whole rows (its input
+    rounded to 8 bits, as llama.cpp computes it), exact float32 dot products of decoded rows for `select`."""
+
+    rounds_outputs = True
+
+    def __init__(self, file: GgufFile, weight: MappedWeight) -> None:
+        self._file, self._name = file, weight.name
+        self.out_features, self.in_features = weight.out_features, weight.in_features
+        self.nbytes = weight.nbytes
+        self._kernel = RowKernel(weight, max_rows=HEAD_MAX_ROWS)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernel(x.float())
+
+    def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """Logits of (row, column) pairs, each a float32 dot product with the column's decoded weight row."""
+        unique, inverse = torch.unique(columns, return_inverse=True)
+        decoded = torch.from_numpy(self._file.dequantized_rows(self._name, unique.numpy()))
+        return (decoded.index_select(0, inverse) * x.index_select(0, rows).float()).sum(-1)
+
+
+class GgufDecoder(torch.nn.Module):
+    """The decoder and head of a GGUF; the interface corral's packed forward drives (model_runner.py)."""
+
+    quantization = "gguf"
+    kv_dtype = KV_DTYPE
+
+    def __init__(self, file: GgufFile, config: Any, arch: str) -> None:
+        super().__init__()
+        reason = unsupported_reason(config)
+        if reason is not None:
+            raise ValueError(f"corral's decoder cannot run this model: {reason}")
+        self.file, self.config, self.arch = file, config, arch
+        self.shape: DecoderShape = decoder_shape(config)
+        file.repack(self._layer_weight_names())  # before the graphs take the weights
+        s = self.shape
+        self.rope_types = tuple(dict.fromkeys(s.layer_types))
+        ropes = [self._rope(config, t) for t in self.rope_types]
+        scale = s.attn_scale if s.attn_scale is not None else s.head_dim**-0.5
+        step_shape = StepShape(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_eps, s.activation, scale,
+                               ROPE_MODES.get(arch, ROPE_NEOX))
+        layers = [self._layer(i) for i in range(s.num_layers)]
+        embed = self._weight("token_embd.weight", s.hidden_size, s.vocab_size)
+        head_name = "output.weight" if "output.weight" in file else "token_embd.weight"
+        self.head = GgufHead(file, self._weight(head_name, s.hidden_size, s.vocab_size))
+        self._layer_bytes = sum(file.nbytes(name) for name in self._layer_weight_names())
+        final_norm = file.floats("output_norm.weight")
+        self.graphs = StepGraphs(step_shape, layers, ropes, final_norm, Embedding(embed.ggml_weight, s.embed_scale))
+        self.screens = None
+
+    def _rope(self, config: Any, layer_type: str) -> tuple[torch.Tensor, float]:
+        inv_freq, scale = rope_frequencies(config, self.shape.head_dim, layer_type)
+        if "rope_freqs.weight" in self.file:  # llama.cpp's per-pair factors (Llama 3.1's scaling) win
+            exponents = torch.arange(0, self.shape.head_dim, 2, dtype=torch.float64) / self.shape.head_dim
+            base = float(getattr(config, "rope_theta", None) or 10000.0)
+            inv_freq = (1.0 / (base**exponents) / self.file.floats("rope_freqs.weight").double()).float()
+        return inv_freq, scale
+
+    def _weight(self, name: str, in_features: int, out_features: int) -> MappedWeight:
+        weight = self.file.weight(name)
+        if (weight.in_features, weight.out_features) != (in_features, out_features):
+            raise GGUFTensorError(
+                f"{name} in {self.file.path.name} is {weight.out_features} x {weight.in_features}, the config says "
+                f"{out_features} x {in_features}"
+            )
+        return weight
+
+    def _optional(self, name: str) -> torch.Tensor | None:
+        return self.file.floats(name) if name in self.file else None
+
+    def _layer_weight_names(self) -> Iterable[str]:
+        for i in range(self.shape.num_layers):
+            for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+                yield f"blk.{i}.{part}.weight"
+
+    def _layer(self, i: int) -> LayerParts:
+        s, f, p = self.shape, self.file, f"blk.{i}."
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        q = self._weight(p + "attn_q.weight", s.hidden_size, q_size)
+        k = self._weight(p + "attn_k.weight", s.hidden_size, kv_size)
+        v = self._weight(p + "attn_v.weight", s.hidden_size, kv_size)
+        biases = [self._optional(p + f"attn_{x}.bias") for x in "qkv"]
+        if any(b is not None for b in biases) and not all(b is not None for b in biases):
+            raise GGUFTensorError(f"{f.path.name} has biases on some but not all of layer {i}'s q/k/v")
+        qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
+        qk_norm_gain = None
+        if s.qk_norm:
+            q_norm, k_norm = f.floats(p + "attn_q_norm.weight"), f.floats(p + "attn_k_norm.weight")
+            qk_norm_gain = torch.cat([q_norm.expand(s.num_heads, -1), k_norm.expand(s.num_kv_heads, -1)])
+        ffn = self.file.weight(p + "ffn_gate.weight").out_features
+        return LayerParts(
+            input_norm=f.floats(p + "attn_norm.weight"),
+            qkv=(q, k, v),
+            qkv_bias=qkv_bias,
+            qk_norm_gain=qk_norm_gain,
+            o=self._weight(p + "attn_output.weight", q_size, s.hidden_size),
+            o_bias=self._optional(p + "attn_output.bias"),
+            attn_out_norm=f.floats(p + "post_attention_norm.weight") if s.sandwich_norms else None,
+            mlp_norm=f.floats(p + "ffn_norm.weight"),
+            gate_up=(self._weight(p + "ffn_gate.weight", s.hidden_size, ffn),
+                     self._weight(p + "ffn_up.weight", s.hidden_size, ffn)),
+            gate_up_bias=None,
+            down=self._weight(p + "ffn_down.weight", ffn, s.hidden_size),
+            down_bias=None,
+            mlp_out_norm=f.floats(p + "post_ffw_norm.weight") if s.sandwich_norms else None,
+            rope_table=self.rope_types.index(s.layer_types[i]),
+            window=s.layer_windows[i],
+        )
+
+    def step_read_bytes(self) -> int:
+        """Bytes of weights a decode step of one row reads: the layers' blocks and the head's."""
+        return self._layer_bytes + self.head.nbytes
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any) -> torch.Tensor:
+        """Each row's last token's final-normed hidden state [B, hidden]; `attend` is the KV cache, whose layout
+        the graphs read and write in place (corral/server/models/decode_layout.py)."""
+        return self.graphs.hidden(input_ids, positions, last, attend)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any
+    ) -> torch.Tensor:
+        return self.head(self.hidden(input_ids, positions, last, attend))
+
+    def restricted_logits(
+        self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor], best_only: Iterable[int] = ()
+    ) -> torch.Tensor:
+        """Float32 logits [B, vocab]; a row in `allowed` gets only those ids' logits (exact), the rest -inf."""
+        if not allowed:
+            return self.head(hidden)
+        batch = hidden.shape[0]
+        logits = torch.full((batch, self.head.out_features), float("-inf"))
+        full = [row for row in range(batch) if row not in allowed]
+        if full:
+            index = torch.tensor(full)
+            logits.index_copy_(0, index, self.head(hidden.index_select(0, index)))
+        keys = sorted(allowed)
+        columns = torch.cat([allowed[row] for row in keys])
+        counts = torch.tensor([len(allowed[row]) for row in keys], dtype=torch.long)
+        rows = torch.repeat_interleave(torch.tensor(keys, dtype=torch.long), counts)
+        if len(columns):
+            logits[rows, columns] = self.head.select(hidden, rows, columns)
+        return logits
+
+    def refine(self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        """Each given row's logits near its best recomputed exactly (the product rounds its input to 8 bits)."""
+        refine_near_top(self.head, logits, hidden, rows, depths)
+
+
+def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
+    """The decoder over `path`'s blocks; ValueError (GGUFTensorError) where the file does not fit the config."""
+    return GgufDecoder(GgufFile(path), config, arch).eval()

@@ -1,0 +1,452 @@
+"""The serving core between HTTP and the engine: prompt, constraint, compile, submit, collect, check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import itertools
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import ParamSpec, TypeVar
+
+from corral.grammars.contract import has_tool_calls, validate_output
+from corral.grammars.features import route
+from corral.grammars.request import AUTO, ConstraintRequest
+from corral.grammars.spec import GrammarSpec, JsonWhitespace
+from corral.grammars.validation import OutputCheck
+from corral.samplers.closing import required_keys
+from corral.samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
+from corral.samplers.pattern_examples import pattern_examples
+from corral.samplers.protocol import TokenizerSpec
+from corral.samplers.registry import BackendSet, UnknownBackend
+from corral.samplers.watchdog import Trip, WatchdogLimits
+from corral.server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence, StepWatchdog
+from corral.server.errors import ApiError, bad_request
+from corral.server.metrics import Metrics
+from corral.server.models import LoadedModel
+from corral.server.modes import request_mode
+from corral.server.settings import Settings
+from corral.server.torch_threads import helper_pool, single_torch_thread
+
+log = logging.getLogger(__name__)
+
+INVALID_OUTPUT = "invalid_output"
+CLOSED = "closed"  # the engine closed a structured answer early (corral/server/engine/answer_closing.py)
+ERROR = "error"  # an engine error ended the answer (seq.error says what)
+# Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
+# schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
+# threads, and one huge request leaves the others free.
+PREPARE_THREADS = 4
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready for the engine."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    constraint: ConstraintRequest
+    compiled: CompileResult | None
+    received: float
+
+
+def json_styled(
+    constraint: ConstraintRequest, asked: bool | None, settings: Settings, layout: JsonWhitespace | None = None
+) -> ConstraintRequest:
+    """The constraint as generation compiles it: whether a JSON answer may start with one space or newline
+    (`json_leading_whitespace`, else `--json-leading-whitespace`) and where it may hold whitespace inside
+    (`json_whitespace`, else `--json-whitespace`)."""
+    if constraint.spec is None:
+        return constraint
+    lead = settings.json_leading_whitespace if asked is None else asked
+    spec = constraint.spec.with_leading_whitespace(lead).with_whitespace(layout or settings.json_whitespace)
+    return replace(constraint, spec=spec)
+
+
+@dataclass
+class Finished:
+    text: str
+    finish_reason: str
+    seq: Sequence
+    check: OutputCheck | None
+    prepared: Prepared
+    fallback_from: str | None = None  # the backend whose answer `auto` generated again with another (auto only)
+
+
+class Service:
+    def __init__(self, settings: Settings, loaded: LoadedModel) -> None:
+        self.settings = settings
+        self.loaded = loaded
+        if loaded.device.type == "cpu":
+            single_torch_thread()  # torch runs wide on the engine thread only (corral/server/torch_threads.py)
+        self.model_name = settings.served_model_name or loaded.name
+        tokenizer = TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)
+        self.backends = BackendSet(tokenizer, settings.backend_list())
+        self.grammars = GrammarCache.from_options(self.backends, settings.group(CompileOptions))
+        limits = settings.group(WatchdogLimits)
+        choices = settings.cpu_thread_choices() if loaded.device.type == "cpu" else ()
+        config = settings.group(
+            EngineConfig, revision_token_id=loaded.revision_token_id, limits=limits, thread_choices=choices
+        )
+        self.engine = Engine(loaded, config)
+        self.loop = EngineLoop(self.engine)
+        self._compile_pool = helper_pool(settings.compile_workers, "corral-compile")
+        self._prepare_pool = helper_pool(PREPARE_THREADS, "corral-prepare")
+        # How long a request may wait for a compile thread to take its compile (see `_compile`).
+        self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
+        self._ids = itertools.count()
+        self.fallback = AutoFallback(self.compile, self.backends.enabled)
+        self.in_flight = 0
+        self.ready = False
+        self.metrics = Metrics()
+        self.engine.on_trip = lambda kind: self.metrics.trips.labels(kind).inc()
+        self.engine.runner.prefix.on_lookup = self.metrics.prefix_lookup
+        self.watchdog = StepWatchdog(
+            self.engine,
+            self.loop,
+            settings.hung_step_timeout_s,
+            exit_on_hang=settings.exit_on_hung_step,
+            on_trip=lambda: self.metrics.trips.labels(str(Trip.HUNG_STEP)).inc(),
+        )
+        scheduler = self.engine.scheduler
+        self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
+
+    def start(self) -> None:
+        # Tokenizer tables (parent and compile workers) are built once, at start, not on a first request.
+        self.grammars.warm_up()
+        self.loop.start()
+        self.watchdog.start()
+        self.ready = True
+
+    def stop(self) -> None:
+        self.ready = False
+        self.watchdog.stop()
+        self.loop.stop()
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close(final=True)
+
+    async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `fn` on the prepare threads: nothing whose cost grows with a request runs on the event loop,
+        where it would hold up every other request (a 2 MB message tokenizes for seconds)."""
+        call = functools.partial(fn, *args, **kwargs)
+        # In the request's context, so log lines written there carry its request id.
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, context.run, call)
+
+    # -- request preparation -----------------------------------------------------------------------
+    def admit(self, model: str | None, prompt_len: int, *, prompt_param: str) -> None:
+        """The checks every request passes before any work on it: the server is up, the model is this one,
+        and the prompt leaves room for at least one token."""
+        if not self.ready or not self.watchdog.healthy:
+            raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
+        if model is not None and model not in (self.model_name, "default"):
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        limit = self.engine.max_len
+        if prompt_len >= limit:
+            raise bad_request(
+                f"the prompt is {prompt_len} tokens; this model's context is {limit} tokens "
+                "(prompt + at least one generated token)",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+
+    def check_backend(self, constraint: ConstraintRequest) -> None:
+        try:
+            self.backends.check_name(constraint.backend)
+        except UnknownBackend as exc:
+            raise bad_request(str(exc), param=constraint.backend_source) from exc
+
+    async def prepare(
+        self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
+    ) -> Prepared:
+        """Compile the request's constraint (cached) and give it an id: ready for `run` or `stream`."""
+        constraint = json_styled(constraint, params.json_leading_whitespace, self.settings, params.json_whitespace)
+        compiled = await self.compile(constraint) if constraint.spec is not None else None
+        return Prepared(
+            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
+        )
+
+    async def _compile_in_pool(
+        self, work: Callable[[], CompileResult], started: asyncio.Event, deadline: float
+    ) -> CompileResult:
+        loop = asyncio.get_running_loop()
+        # In the request's context, so the compile's log lines carry its request id (corral/server/request_context.py).
+        future = loop.run_in_executor(self._compile_pool, contextvars.copy_context().run, work)
+        # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
+        # does not report it as never retrieved; the result is cached by GrammarCache anyway.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            # Every compile ahead in the queue ends within its own deadline, so a wait this long means the
+            # compile threads are stuck or flooded: answer now rather than hold the request forever.
+            await asyncio.wait_for(started.wait(), timeout=self.compile_queue_wait_s)
+        except TimeoutError as exc:
+            future.cancel()  # not started: it never will
+            raise ApiError(
+                503,
+                f"no compile thread came free within {self.compile_queue_wait_s:g} s; retry shortly",
+                type_="service_unavailable",
+                code="compile_queue_full",
+            ) from exc
+        # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
+        # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
+        return await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
+
+    async def compile(self, constraint: ConstraintRequest) -> CompileResult:
+        """Compile on the compile threads under the deadline; a cache hit answers at once. Failures are 400s."""
+        assert constraint.spec is not None
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        spec, backend = constraint.spec, constraint.backend
+
+        def work() -> CompileResult:
+            loop.call_soon_threadsafe(started.set)
+            return self.grammars.compile(spec, backend)
+
+        deadline = self.settings.compile_timeout_s
+        try:
+            # A cache hit is answered here: compile bombs can hold every compile thread for the deadline.
+            hit = self.grammars.lookup(spec, backend)
+            result = hit if hit is not None else await self._compile_in_pool(work, started, deadline)
+        except TimeoutError as exc:
+            self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
+            raise bad_request(
+                f"compiling the {constraint.spec.kind} constraint took longer than {deadline:g} s; simplify it",
+                param=constraint.source,
+                code="grammar_compile_timeout",
+            ) from exc
+        except GrammarRejected as exc:
+            if exc.timed_out:
+                self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
+                code = "grammar_compile_timeout"
+            elif exc.out_of_memory:
+                code = "compile_out_of_memory"
+            else:
+                code = "unsupported_schema" if exc.unsupported else "invalid_grammar"
+            raise bad_request(str(exc), param=constraint.source, code=code) from exc
+        self.metrics.cache.labels("hit" if result.cache_hit else "miss").inc()
+        if not result.cache_hit:
+            self.metrics.compile.labels(result.backend).observe(result.compile_ms / 1000)
+        return result
+
+    # -- running -----------------------------------------------------------------------------------
+    def check_capacity(self) -> None:
+        """429 when the server holds its limit of requests. A streamed request asks before its 200 headers
+        go out, so a client sees a real 429 rather than an error inside a stream that began well."""
+        if self.in_flight >= self.settings.max_queue:
+            self.metrics.rejected.labels("429").inc()
+            raise ApiError(
+                429,
+                f"the server is at its limit of {self.settings.max_queue} requests; retry later",
+                type_="rate_limit_error",
+                code="queue_full",
+            )
+
+    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
+        """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts. Under `auto`, an
+        answer a grammar engine failed (`error`: its fill raised, or it refused a token its own mask allowed) is
+        generated again with the next backend, as a compile refusal is, if nothing of it was sent yet (always so
+        unstreamed; streamed, when it failed before its first text). `finish` reports the answer that ran."""
+        sent = False
+        failed: SeqOutput | None = None
+        async with aclosing(self._stream_once(prepared, deltas)) as outputs:
+            async for out in outputs:
+                if out.finished and not sent and engine_failed(prepared, out):
+                    failed = out
+                    break
+                sent = sent or bool(out.delta or out.logprobs)
+                yield out
+        if failed is None:
+            return
+        retry = await self.fallback.next_backend(prepared, f"ended by a grammar engine error ({failed.seq.error})")
+        if retry is None or prepared.compiled is None:
+            yield failed
+            return
+        await self.off_loop(self.finish, prepared, failed)  # counted as the failure it was
+        async with aclosing(self._stream_once(retry, deltas)) as outputs:
+            async for out in outputs:
+                if out.finished:
+                    self.fallback.reruns[out.seq] = (retry, prepared.compiled.backend)
+                yield out
+
+    async def _stream_once(self, prepared: Prepared, deltas: bool) -> AsyncGenerator[SeqOutput, None]:
+        self.check_capacity()
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[SeqOutput] = asyncio.Queue()
+
+        def sink(out: SeqOutput) -> None:  # engine thread → event loop
+            if not loop.is_closed():  # a final answer given as the server stops may find no loop to take it
+                loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+        compiled, spec = prepared.compiled, prepared.constraint.spec
+        closable = self._closable(prepared)
+        backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
+        seq = Sequence(
+            request_id=prepared.request_id,
+            prompt_ids=prepared.prompt_ids,
+            params=prepared.params,
+            sink=sink,
+            matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
+            backend=backend,
+            grammar=compiled.compiled if backend and compiled else None,
+            streaming=deltas,
+            closable=closable,
+            required_keys=required_keys(spec) if closable and spec is not None else frozenset(),
+            pattern_examples=pattern_examples(spec) if closable and spec is not None else (),
+        )
+        seq.stats.arrival = prepared.received
+        self.in_flight += 1
+        finished = False
+        try:
+            self.loop.submit(seq)
+            while True:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self.in_flight -= 1
+            if not finished:  # the consumer went away (client disconnect): free the slot now
+                self.loop.abort(seq.request_id)
+                self.metrics.requests.labels("abort").inc()
+
+    def _closable(self, prepared: Prepared) -> bool:
+        """JSON Schema and tool-call answers close early unless the request or the server says not to."""
+        spec, asked = prepared.constraint.spec, prepared.params.close_answers
+        return spec is not None and spec.embeds_schema and (self.settings.close_answers if asked is None else asked)
+
+    async def run(self, prepared: Prepared) -> Finished:
+        """Generate to the end. With `auto`, the contract guard keeps an answer from ending outside the
+        full schema; when that leaves a dead end (or an answer still fails the check), it is generated
+        once more with the next backend that compiles the spec, so one engine's enforcement gap does
+        not reach the caller; what still fails keeps its finish_reason, never `stop`."""
+        done = await self._run_once(prepared)
+        retryable = done.finish_reason in (INVALID_OUTPUT, str(Trip.DEAD_END)) and done.fallback_from is None
+        if retryable and prepared.constraint.backend == AUTO and prepared.compiled:
+            retry = await self.fallback.next_backend(prepared, f"failed validation ({done.finish_reason})")
+            if retry is not None:
+                first_backend = prepared.compiled.backend
+                done = await self._run_once(retry)
+                done.fallback_from = first_backend
+        return done
+
+    async def _run_once(self, prepared: Prepared) -> Finished:
+        async for out in self.stream(prepared, deltas=False):
+            if out.finished:
+                return await self.off_loop(self.finish, prepared, out)  # validates the whole answer
+        raise RuntimeError("engine stream ended without a final output")
+
+    def finish(self, prepared: Prepared, out: SeqOutput) -> Finished:
+        seq = out.seq
+        prepared, fallback_from = self.fallback.reruns.get(seq, (prepared, None))
+        spec = prepared.constraint.spec
+        cause = seq.error if out.finish_reason == ERROR else None
+        check = self.check_output(spec, seq.text, out.finish_reason, cause) if spec is not None else None
+        reason = out.finish_reason or "stop"
+        if reason in ("stop", CLOSED) and check is not None and not check.valid:
+            reason = INVALID_OUTPUT  # the grammar finished but the full contract does not hold
+        if reason == "stop" and has_tool_calls(check):
+            reason = "tool_calls"
+        done = Finished(seq.text, reason, seq, check, prepared, fallback_from)
+        observe(self.metrics, done)
+        return done
+
+    @staticmethod
+    def check_output(spec: GrammarSpec, text: str, finish_reason: str | None, cause: str | None = None) -> OutputCheck:
+        """The answer's full-contract check; one that did not finish fails it, naming `cause` if known."""
+        if finish_reason not in ("stop", CLOSED):
+            because = f": {cause}" if cause else ""
+            return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed{because}")
+        return validate_output(spec, text)
+
+
+def failure_class(seq: Sequence) -> str:
+    """What went wrong with an answer that failed its check, for metrics and the response's extras."""
+    if seq.trip is not None:
+        return seq.trip
+    if seq.finish_reason == "length":
+        return "length"
+    if seq.finish_reason == ERROR:
+        return "engine_error"
+    return "invalid_output"
+
+
+def engine_failed(prepared: Prepared, out: SeqOutput) -> bool:
+    """Whether `auto` may run this answer again on another backend: its grammar engine failed it (`error`)."""
+    return (
+        out.finish_reason == ERROR
+        and out.seq.grammar_failed
+        and prepared.constraint.backend == AUTO
+        and prepared.compiled is not None
+    )
+
+
+class AutoFallback:
+    """`auto`'s second attempt: a request compiled for the next backend its spec routes to (`Service.run` after a
+    dead end or a failed check, `Service.stream` after a grammar engine error), and the answers run so (`reruns`:
+    each sequence's own Prepared and the backend that failed first, which `Service.finish` reports)."""
+
+    def __init__(self, compile: Callable[[ConstraintRequest], Awaitable[CompileResult]], enabled: list[str]) -> None:
+        self._compile = compile
+        self._enabled = enabled
+        self.reruns: weakref.WeakKeyDictionary[Sequence, tuple[Prepared, str]] = weakref.WeakKeyDictionary()
+
+    async def next_backend(self, prepared: Prepared, why: str) -> Prepared | None:
+        """The request compiled for the next backend that takes its spec, or None if there is none."""
+        spec, used = prepared.constraint.spec, prepared.compiled
+        assert spec is not None and used is not None
+        for name in route(spec, self._enabled):
+            if name == used.backend:
+                continue
+            try:
+                compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
+            except ApiError:
+                continue
+            log.info("request %s: the answer from %s %s; regenerating with %s", prepared.request_id, used.backend,
+                     why, name)
+            return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
+        return None
+
+
+def observe(metrics: Metrics, done: Finished) -> None:
+    """Count a finished answer in the metrics."""
+    m, stats, seq = metrics, done.seq.stats, done.seq
+    m.requests.labels(done.finish_reason).inc()
+    failed = done.check is not None and not done.check.valid
+    if failed:
+        m.failures.labels(failure_class(seq)).inc()
+    outcome = failure_class(seq) if failed else done.finish_reason
+    m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
+    if stats.first_token is not None:
+        m.ttft.observe(stats.first_token - stats.arrival)
+    if stats.scheduled is not None:
+        m.queue.observe(stats.scheduled - stats.arrival)
+    if stats.finished is not None:
+        m.e2e.observe(stats.finished - stats.arrival)
+    for before, after in itertools.pairwise(stats.token_times):
+        m.itl.observe(after - before)
+    if seq.backend is not None:
+        mask = m.mask.labels(seq.backend.name)
+        for us in stats.mask_us:
+            mask.observe(us / 1e6)
+    m.forced.inc(stats.forced_tokens)
+    m.drafted.inc(seq.drafting.proposed)
+    m.draft_accepted.inc(seq.drafting.accepted)
+    if seq.closer is not None and seq.closer.closed is not None:
+        m.closed.labels(str(seq.closer.closed)).inc()
+    m.generated.inc(len(seq.output_ids))
