@@ -139,7 +139,7 @@ TOKENIZER_FAMILIES = ["corral-tiny", "gemma-3-270m"]
 @cache  # one per family for the whole run: loading gemma-3-270m for its tokenizer takes ~17 s
 def family_tokenizer(model: str) -> object:
     """`model`'s TokenizerSpec as `corral serve` sees it (vocabulary, logits width, stop tokens)."""
-    from corral.samplers.protocol import TokenizerSpec
+    from corral.grammar_engines.protocol import TokenizerSpec
     from corral.server.models import load_model
 
     loaded = load_model(model, device="cpu")
@@ -176,7 +176,7 @@ def qwen_tokenizer() -> object:
     on 2 busy cores)."""
     from transformers import AutoTokenizer
 
-    from corral.samplers.protocol import TokenizerSpec
+    from corral.grammar_engines.protocol import TokenizerSpec
 
     gguf = _qwen_gguf()
     stat = gguf.stat()
@@ -198,7 +198,7 @@ def qwen_tokenizer() -> object:
 @pytest.fixture(scope="module")
 def backends(tokenizer: object) -> object:
     """Both built-in backends over `tokenizer`, per module (each BackendSet owns its compile workers)."""
-    from corral.samplers.registry import BackendSet
+    from corral.grammar_engines.registry import BackendSet
 
     return BackendSet(tokenizer, ["xgrammar", "llguidance"])  # type: ignore[arg-type]
 

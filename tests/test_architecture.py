@@ -18,7 +18,7 @@ TOP = "corral"  # the one import name the distribution installs
 # Lowest first. A module may import its own layer and those below; the first matching prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("constraints", ("corral.grammars",)),
-    ("grammar engines", ("corral.samplers",)),
+    ("grammar engines", ("corral.grammar_engines",)),
     (
         "models and server support",
         (
@@ -32,8 +32,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "corral.server.modes",
         ),
     ),
-    ("engine", ("corral.server.engine",)),
-    ("serving core", ("corral.server.serving",)),
+    # The structured-output wing is the engine's own stage (its sequences carry the wing's per-row state): one
+    # layer, kept apart by the wing's face (test_the_structured_wing_is_reached_through_its_face).
+    ("engine", ("corral.server.engine", "corral.structured")),
+    ("serving core", ("corral.server.serving", "corral.server.compile_stage", "corral.server.answer_metrics")),
     ("OpenAI API", ("corral.server.openai",)),
     ("HTTP", ("corral.server.app", "corral.server.auth", "corral.server.middleware", "corral.server.grammar_routes")),
     ("benchmarks", ("corral.benchmarks",)),
@@ -111,6 +113,20 @@ def test_mediation_stands_alone() -> None:
     assert not reaching, reaching
 
 
+def test_the_structured_wing_is_reached_through_its_face() -> None:
+    """Outside the structured-output wing, production code imports what the wing offers from `corral.structured`
+    (its `__all__`), never one of its modules."""
+    wing = "corral.structured"
+    reaching = sorted(
+        f"{module} -> {target}"
+        for module, imported in GRAPH.items()
+        if _package(module) != wing
+        for target in imported
+        if target.startswith(wing + ".")
+    )
+    assert not reaching, reaching
+
+
 def test_no_import_cycles() -> None:
     # Package __init__ files re-export their submodules: an edge into a package's own children is not a cycle.
     def edges(module: str) -> set[str]:
@@ -134,7 +150,9 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("package", ["corral.grammars", "corral.samplers", "corral.server", "corral.mediation"])
+@pytest.mark.parametrize(
+    "package", ["corral.grammars", "corral.grammar_engines", "corral.structured", "corral.server", "corral.mediation"]
+)
 def test_architecture_page_names_every_production_module(package: str) -> None:
     page = (REPO / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`", page))
@@ -156,15 +174,30 @@ def _long_classes(path: Path, limit: int) -> list[str]:
     ]
 
 
+FILE_LIMIT = 400
+CLASS_LIMIT = 250
+# Classes the second restructure (issue 49) has not split yet, at their size then: they may shrink, not grow.
+NOT_YET_SPLIT = {
+    "corral/grammar_engines/sandbox.py:CompileSandbox": 265,
+    "corral/mediation/mediator.py:Mediator": 260,
+    "corral/server/models/ggml_step_graph.py:_StepGraph": 253,
+}
+
+
 def test_modules_and_classes_stay_small() -> None:
-    """Budgets a newcomer can read (issue 21): no production file over 500 lines, no class of 300 or more."""
+    """Budgets a newcomer can read (issues 21 and 49): no production file over 400 lines, no class over 250."""
     long_files = [
         f"{path.relative_to(REPO)} ({n} lines)"
         for path in MODULES.values()
-        if (n := len(path.read_text().splitlines())) > 500
+        if (n := len(path.read_text().splitlines())) > FILE_LIMIT
     ]
     assert not long_files, long_files
-    long_classes = [entry for path in MODULES.values() for entry in _long_classes(path, 300)]
+    long_classes = []
+    for path in MODULES.values():
+        for entry in _long_classes(path, CLASS_LIMIT + 1):
+            name, size = entry.split(" (")[0], int(entry.split(" (")[1].split()[0])
+            if size > NOT_YET_SPLIT.get(name, CLASS_LIMIT):
+                long_classes.append(entry)
     assert not long_classes, long_classes
 
 

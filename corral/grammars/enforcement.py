@@ -2,7 +2,8 @@
 post-check (jsonschema + format checker; under `auto` also the contract guard) enforces. For `POST /v1/grammars`
 and mediation: a caller can see before generating what the engine will hold and what only the check will.
 
-Each backend declares its own table (`KeywordTable` in its `BackendTraits`, corral/samplers/backends/): a conservative
+Each backend declares its own table (`KeywordTable` in its `BackendTraits`, corral/grammar_engines/backends/): a
+conservative
 reading of the engine's behaviour, listing a keyword under `decode` only where the engine is known to enforce
 it. A backend that declares no table claims nothing: every keyword is left to the post-check."""
 

@@ -1,8 +1,9 @@
 """Feature scan of a JSON Schema, and `auto` routing by what each enabled backend declares about itself.
 
 The grammars layer names no engine: a backend's routing traits and keyword table (`BackendTraits`, plain
-data) are declared beside the backend (corral/samplers/backends/) and reach this module either from the caller
-(`traits=`, as corral.samplers.compilation passes `BackendSet.traits`) or through the lookup the samplers registry
+data) are declared beside the backend (corral/grammar_engines/backends/) and reach this module either from the caller
+(`traits=`, as corral.grammar_engines.compilation passes `BackendSet.traits`) or through the lookup the grammar engines
+registry
 installs with `use_traits` when it is imported. Until then every backend has the neutral `BackendTraits()`."""
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ _installed: list[TraitsOf] = [_neutral]
 
 
 def use_traits(lookup: TraitsOf) -> None:
-    """Install the process-wide traits lookup (the samplers registry does, on import)."""
+    """Install the process-wide traits lookup (the grammar engines' registry does, on import)."""
     _installed[0] = lookup
 
 
@@ -131,7 +132,7 @@ def route(spec: GrammarSpec, available: Sequence[str], traits: TraitsOf | None =
     """Backends to try for `backend=auto`, best first: each available backend that takes the spec's kind
     once, by its rank for that kind, unless it yields the spec (ties, and backends that rank nothing, keep the
     `available` order).
-    Why each built-in ranks as it does, with the measurements, is in corral/samplers/backends/."""
+    Why each built-in ranks as it does, with the measurements, is in corral/grammar_engines/backends//"""
     declared = [(name, traits_of(name, traits)) for name in available]
     taking = [(name, t) for name, t in declared if spec.kind in t.kinds]
     return [name for name, t in sorted(taking, key=lambda pair: pair[1].rank_of(spec))]
@@ -143,7 +144,7 @@ def attempts(
     """What `auto` compiles, in order: (backend, spec) pairs. A JSON Schema (and a tool-call spec, whose
     functions' schemas compile the same way) also gets each backend's decode-safe profile right after its full
     compile, where the backend has one (`relaxed_profile`); that profile is served only behind the contract
-    guard (corral/samplers/contract_guard.py), which enforces at the answer's end what the engine relaxed."""
+    guard (corral/grammar_engines/contract_guard.py), which enforces at the answer's end what the engine relaxed."""
     names = route(spec, available, traits)
     if spec.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS):
         return [(name, spec) for name in names]

@@ -46,7 +46,7 @@ class GrammarSpec:
     source: str
     # The decode-time profile of a JSON Schema: the engine may relax what it cannot enforce (llguidance
     # lenient + oneOf as anyOf; xgrammar keeps keywords it ignores) because the caller enforces the
-    # full schema where the answer ends (corral/samplers/contract_guard.py). Only `auto` compiles it.
+    # full schema where the answer ends (corral/grammar_engines/contract_guard.py). Only `auto` compiles it.
     decode_safe: bool = False
     # JSON kinds: one optional space or newline before the value. A prompt ending in a label (`JSON:`) makes a
     # model write ` {` as one token; a grammar that must start at `{` forbids it and sends the answer down

@@ -13,7 +13,8 @@ arguments are exactly the text between its prefix and its closing characters.
 A format's `markers` (`<tool_call>`, `</tool_call>`, `[TOOL_CALLS]`) are often single *special* tokens of the
 model's vocabulary (Qwen 2.5, Hermes, Mistral), the token the model was trained to write. A backend that lets
 a special token match only a token reference (llguidance) passes `to_lark` those tokens, which the grammar then
-allows beside the spelled-out text; either way the answer's text holds the marker (corral/samplers/answer_text.py).
+allows beside the spelled-out text; either way the answer's text holds the marker
+(corral/grammar_engines/answer_text.py).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ FORMATS: dict[str, ToolFormat] = {
     ),
 }
 DEFAULT_FORMAT = "llama3_json"
-# Every format's markers: the special tokens an answer's text keeps (corral/samplers/answer_text.py).
+# Every format's markers: the special tokens an answer's text keeps (corral/grammar_engines/answer_text.py).
 MARKERS = frozenset(marker for fmt in FORMATS.values() for marker in fmt.markers)
 
 

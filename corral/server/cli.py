@@ -81,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
     cores = torch.get_num_threads()
     torch.set_num_threads(1)  # this thread (HTTP) never forms an OpenMP team: see corral/server/torch_threads.py
     if settings.compile_isolate:
-        from corral.samplers.worker_handles import prespawn_zygote
+        from corral.grammar_engines.worker_handles import prespawn_zygote
 
         prespawn_zygote(settings.compile_memory_limit_mb)  # boots beside the model's load
     options = dataclasses.asdict(settings.group(ModelOptions))

@@ -14,30 +14,28 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
+from corral.grammar_engines.compilation import CompileOptions, CompileResult, GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import has_tool_calls, validate_output
 from corral.grammars.features import route
 from corral.grammars.request import AUTO, ConstraintRequest
 from corral.grammars.spec import GrammarSpec, JsonWhitespace
 from corral.grammars.validation import OutputCheck
-from corral.samplers.closing import required_keys
-from corral.samplers.compilation import CompileOptions, CompileResult, GrammarCache, GrammarRejected
-from corral.samplers.pattern_examples import pattern_examples
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet, UnknownBackend
-from corral.samplers.watchdog import Trip, WatchdogLimits
+from corral.server.answer_metrics import ERROR, count_answer
+from corral.server.compile_stage import CompileStage
 from corral.server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence, StepWatchdog
 from corral.server.errors import ApiError, bad_request
 from corral.server.metrics import Metrics
 from corral.server.models import LoadedModel
-from corral.server.modes import request_mode
 from corral.server.settings import Settings
 from corral.server.torch_threads import helper_pool, single_torch_thread
+from corral.structured import Trip, WatchdogLimits, pattern_examples, required_keys
 
 log = logging.getLogger(__name__)
 
 INVALID_OUTPUT = "invalid_output"
-CLOSED = "closed"  # the engine closed a structured answer early (corral/server/engine/answer_closing.py)
-ERROR = "error"  # an engine error ended the answer (seq.error says what)
+CLOSED = "closed"  # the engine closed a structured answer early (corral/structured/answer_closing.py)
 # Threads for the request work whose cost grows with the request (chat-template rendering, tokenization,
 # schema checks, output validation): bounded, so a flood of huge requests queues here rather than spawning
 # threads, and one huge request leaves the others free.
@@ -99,15 +97,16 @@ class Service:
         )
         self.engine = Engine(loaded, config)
         self.loop = EngineLoop(self.engine)
-        self._compile_pool = helper_pool(settings.compile_workers, "corral-compile")
         self._prepare_pool = helper_pool(PREPARE_THREADS, "corral-prepare")
-        # How long a request may wait for a compile thread to take its compile (see `_compile`).
-        self.compile_queue_wait_s = 2 * settings.compile_timeout_s + 30
         self._ids = itertools.count()
-        self.fallback = AutoFallback(self.compile, self.backends.enabled)
         self.in_flight = 0
         self.ready = False
         self.metrics = Metrics()
+        self.compiler = CompileStage(
+            self.grammars, self.backends, self.metrics,
+            workers=settings.compile_workers, timeout_s=settings.compile_timeout_s,
+        )
+        self.fallback = AutoFallback(self.compile, self.backends.enabled)
         self.engine.on_trip = lambda kind: self.metrics.trips.labels(kind).inc()
         self.engine.runner.prefix.on_lookup = self.metrics.prefix_lookup
         self.watchdog = StepWatchdog(
@@ -131,9 +130,8 @@ class Service:
         self.ready = False
         self.watchdog.stop()
         self.loop.stop()
-        self._compile_pool.shutdown(wait=False, cancel_futures=True)
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
-        self.grammars.close(final=True)
+        self.compiler.shutdown()
 
     async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` on the prepare threads: nothing whose cost grows with a request runs on the event loop,
@@ -166,10 +164,7 @@ class Service:
             )
 
     def check_backend(self, constraint: ConstraintRequest) -> None:
-        try:
-            self.backends.check_name(constraint.backend)
-        except UnknownBackend as exc:
-            raise bad_request(str(exc), param=constraint.backend_source) from exc
+        self.compiler.check_backend(constraint)
 
     async def prepare(
         self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
@@ -181,67 +176,9 @@ class Service:
             f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
         )
 
-    async def _compile_in_pool(
-        self, work: Callable[[], CompileResult], started: asyncio.Event, deadline: float
-    ) -> CompileResult:
-        loop = asyncio.get_running_loop()
-        # In the request's context, so the compile's log lines carry its request id (corral/server/request_context.py).
-        future = loop.run_in_executor(self._compile_pool, contextvars.copy_context().run, work)
-        # The shield outlives a cancelled request (client gone, shutdown): collect its outcome so asyncio
-        # does not report it as never retrieved; the result is cached by GrammarCache anyway.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        try:
-            # Every compile ahead in the queue ends within its own deadline, so a wait this long means the
-            # compile threads are stuck or flooded: answer now rather than hold the request forever.
-            await asyncio.wait_for(started.wait(), timeout=self.compile_queue_wait_s)
-        except TimeoutError as exc:
-            future.cancel()  # not started: it never will
-            raise ApiError(
-                503,
-                f"no compile thread came free within {self.compile_queue_wait_s:g} s; retry shortly",
-                type_="service_unavailable",
-                code="compile_queue_full",
-            ) from exc
-        # GrammarCache enforces the deadline itself (killing the compile worker); a success may take up
-        # to ~2x it (the parent rebuilds what the worker proved bounded). This wait is only a safety net.
-        return await asyncio.wait_for(asyncio.shield(future), timeout=2 * deadline + 30)
-
     async def compile(self, constraint: ConstraintRequest) -> CompileResult:
-        """Compile on the compile threads under the deadline; a cache hit answers at once. Failures are 400s."""
-        assert constraint.spec is not None
-        loop = asyncio.get_running_loop()
-        started = asyncio.Event()
-        spec, backend = constraint.spec, constraint.backend
-
-        def work() -> CompileResult:
-            loop.call_soon_threadsafe(started.set)
-            return self.grammars.compile(spec, backend)
-
-        deadline = self.settings.compile_timeout_s
-        try:
-            # A cache hit is answered here: compile bombs can hold every compile thread for the deadline.
-            hit = self.grammars.lookup(spec, backend)
-            result = hit if hit is not None else await self._compile_in_pool(work, started, deadline)
-        except TimeoutError as exc:
-            self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
-            raise bad_request(
-                f"compiling the {constraint.spec.kind} constraint took longer than {deadline:g} s; simplify it",
-                param=constraint.source,
-                code="grammar_compile_timeout",
-            ) from exc
-        except GrammarRejected as exc:
-            if exc.timed_out:
-                self.metrics.trips.labels(str(Trip.COMPILE_TIMEOUT)).inc()
-                code = "grammar_compile_timeout"
-            elif exc.out_of_memory:
-                code = "compile_out_of_memory"
-            else:
-                code = "unsupported_schema" if exc.unsupported else "invalid_grammar"
-            raise bad_request(str(exc), param=constraint.source, code=code) from exc
-        self.metrics.cache.labels("hit" if result.cache_hit else "miss").inc()
-        if not result.cache_hit:
-            self.metrics.compile.labels(result.backend).observe(result.compile_ms / 1000)
-        return result
+        """The constraint compiled (cached) under the deadline, or a 400 (corral/server/compile_stage.py)."""
+        return await self.compiler.compile(constraint)
 
     # -- running -----------------------------------------------------------------------------------
     def check_capacity(self) -> None:
@@ -363,7 +300,7 @@ class Service:
         if reason == "stop" and has_tool_calls(check):
             reason = "tool_calls"
         done = Finished(seq.text, reason, seq, check, prepared, fallback_from)
-        observe(self.metrics, done)
+        count_answer(self.metrics, seq, reason, check, spec)
         return done
 
     @staticmethod
@@ -373,17 +310,6 @@ class Service:
             because = f": {cause}" if cause else ""
             return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed{because}")
         return validate_output(spec, text)
-
-
-def failure_class(seq: Sequence) -> str:
-    """What went wrong with an answer that failed its check, for metrics and the response's extras."""
-    if seq.trip is not None:
-        return seq.trip
-    if seq.finish_reason == "length":
-        return "length"
-    if seq.finish_reason == ERROR:
-        return "engine_error"
-    return "invalid_output"
 
 
 def engine_failed(prepared: Prepared, out: SeqOutput) -> bool:
@@ -421,32 +347,3 @@ class AutoFallback:
                      why, name)
             return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
         return None
-
-
-def observe(metrics: Metrics, done: Finished) -> None:
-    """Count a finished answer in the metrics."""
-    m, stats, seq = metrics, done.seq.stats, done.seq
-    m.requests.labels(done.finish_reason).inc()
-    failed = done.check is not None and not done.check.valid
-    if failed:
-        m.failures.labels(failure_class(seq)).inc()
-    outcome = failure_class(seq) if failed else done.finish_reason
-    m.mode_outcomes.labels(request_mode(done.prepared.constraint.spec), outcome).inc()
-    if stats.first_token is not None:
-        m.ttft.observe(stats.first_token - stats.arrival)
-    if stats.scheduled is not None:
-        m.queue.observe(stats.scheduled - stats.arrival)
-    if stats.finished is not None:
-        m.e2e.observe(stats.finished - stats.arrival)
-    for before, after in itertools.pairwise(stats.token_times):
-        m.itl.observe(after - before)
-    if seq.backend is not None:
-        mask = m.mask.labels(seq.backend.name)
-        for us in stats.mask_us:
-            mask.observe(us / 1e6)
-    m.forced.inc(stats.forced_tokens)
-    m.drafted.inc(seq.drafting.proposed)
-    m.draft_accepted.inc(seq.drafting.accepted)
-    if seq.closer is not None and seq.closer.closed is not None:
-        m.closed.labels(str(seq.closer.closed)).inc()
-    m.generated.inc(len(seq.output_ids))

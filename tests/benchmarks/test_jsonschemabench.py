@@ -17,10 +17,10 @@ from corral.benchmarks.jsonschemabench.conformance import UNLABELLED, failing_ke
 from corral.benchmarks.jsonschemabench.dataset import load_case, sample_names
 from corral.benchmarks.jsonschemabench.masks import MaskContext, encode_instances, run_masks, serializations
 from corral.benchmarks.jsonschemabench.report import ALL, finish_table, summarize_generate, summarize_masks
+from corral.grammar_engines import registry
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers import registry
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "jsonschemabench_sample"

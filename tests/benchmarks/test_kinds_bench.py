@@ -10,9 +10,9 @@ from conftest import run_bench
 
 from corral.benchmarks.kinds.cases import CASES
 from corral.benchmarks.kinds.runner import measure_case
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarKind
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

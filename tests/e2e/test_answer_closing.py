@@ -1,4 +1,4 @@
-"""Answers that close (corral/server/engine/answer_closing.py), over HTTP with the official SDK: a JSON Schema or
+"""Answers that close (corral/structured/answer_closing.py), over HTTP with the official SDK: a JSON Schema or
 tool-call answer that max_tokens would cut ends with the grammar's shortest completion instead, valid under
 the full schema, reported honestly (`finish_reason: length`, `corral_finish_reason: closed`,
 `grammar.closed`), counted in a metric, and off when the request or the server says so."""

@@ -9,13 +9,13 @@ from typing import Any, cast
 
 import pytest
 
+from corral.grammar_engines.protocol import CompiledGrammar, Matcher, SamplerBackend
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.closing import ClosingVocabulary
-from corral.samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
-from corral.server.engine import answer_closing, grammar_tokens
-from corral.server.engine.grammar_tokens import GrammarTokens
 from corral.server.engine.sampling import SamplingParams
 from corral.server.engine.sequence import Sequence
+from corral.structured import answer_closing, grammar_tokens
+from corral.structured.closing import ClosingVocabulary
+from corral.structured.grammar_tokens import GrammarTokens
 
 OPENING = [7, 8, 9]
 

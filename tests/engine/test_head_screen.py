@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import run_until_done
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
 from corral.server.models import head_screen, load_model
 from corral.server.models.block_screen import BlockScreen, block_screen_available, q8_0_blocks

@@ -1,19 +1,19 @@
 """Lazy masks: greedy rows in wide grammar states skip their fill and are checked after the pick, which
-changes nothing but how many masks are filled (corral/server/engine/lazy_masks.py)."""
+changes nothing but how many masks are filled (corral/structured/lazy_masks.py)."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import run_until_done
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from corral.server.engine.lazy_masks import MAX_STREAK, MIN_ODDS, MISS_BACKOFF, PROBE_EVERY, LazyMasks, LazyMaskState
 from corral.server.models import LoadedModel, load_model
+from corral.structured.lazy_masks import MAX_STREAK, MIN_ODDS, MISS_BACKOFF, PROBE_EVERY, LazyMasks, LazyMaskState
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import run_until_done
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
 from corral.server.engine import Engine, EngineConfig, SamplingParams
 from corral.server.engine import Sequence as Seq
 from corral.server.engine.model_runner import ForwardRow, ModelRunner

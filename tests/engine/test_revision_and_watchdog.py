@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import TOKENIZER_FAMILIES, run_until_done
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
-from corral.samplers.watchdog import Trip, WatchdogLimits
 from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
 from corral.server.engine import Sequence as Seq
 from corral.server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
 from corral.server.models import LoadedModel, load_model
+from corral.structured.watchdog import Trip, WatchdogLimits
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What counts as a runaway (corral/server/engine/answer_closing.py): a block repeated back to back over the window,
+"""What counts as a runaway (corral/structured/answer_closing.py): a block repeated back to back over the window,
 and a number past any plausible width; what does not: short repeats, and an answer that merely varies."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import cast
 
 import pytest
 
-from corral.samplers.closing import ClosingVocabulary
-from corral.samplers.protocol import Matcher
-from corral.server.engine import answer_closing
-from corral.server.engine.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
+from corral.grammar_engines.protocol import Matcher
+from corral.structured import answer_closing
+from corral.structured.answer_closing import RUNAWAY_DIGITS, RUNAWAY_SPAN, repeated_block, trailing_digits
+from corral.structured.closing import ClosingVocabulary
 
 ITEM = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]  # ten tokens, e.g. `{"name": "Widget", "qty": 2}, `
 

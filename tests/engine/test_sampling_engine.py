@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
-from corral.samplers.watchdog import Trip
 from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput, Sequence
 from corral.server.models import LoadedModel, load_model
+from corral.structured.watchdog import Trip
 
 
 @pytest.fixture(scope="module")

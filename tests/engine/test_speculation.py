@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from conftest import run_until_done
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
 from corral.server.engine.drafting import DraftCounts, NgramIndex, propose
 from corral.server.engine.speculation import CostParts, StepCost, StepShape, best_length

@@ -10,9 +10,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from corral.grammar_engines.xgrammar_backend import XGrammarBackend
 from corral.grammars.combinator_siblings import distribute_siblings
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.xgrammar_backend import XGrammarBackend
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "jsonschemabench"
 

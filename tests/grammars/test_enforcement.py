@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from corral.grammar_engines.backends import llguidance, xgrammar
 from corral.grammars.enforcement import keyword_enforcement
 from corral.grammars.features import BackendTraits, KeywordTable
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.backends import llguidance, xgrammar
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from corral.grammar_engines.backends import llguidance, xgrammar
 from corral.grammars import features
 from corral.grammars.features import BackendTraits, attempts, schema_features
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.backends import llguidance, xgrammar
 
 BOTH = ["xgrammar", "llguidance"]
 DECLARED = {"xgrammar": xgrammar.TRAITS, "llguidance": llguidance.TRAITS}
@@ -21,7 +21,7 @@ def builtin_traits(name: str) -> BackendTraits:
     return DECLARED.get(name, BackendTraits())
 
 
-# The built-ins' own declarations, handed over as the caller does (corral.samplers.compilation passes
+# The built-ins' own declarations, handed over as the caller does (corral.grammar_engines.compilation passes
 # BackendSet.traits).
 route = partial(features.route, traits=builtin_traits)
 
@@ -70,7 +70,8 @@ def test_json_object_routes_to_llguidance_first() -> None:
     GrammarSpec.regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
 ])
 def test_regexes_route_to_llguidance_first(spec: GrammarSpec) -> None:
-    # Measured (`corral bench kinds`, corral/samplers/backends/llguidance.py): its masks are several times cheaper on
+    # Measured (`corral bench kinds`, corral/grammar_engines/backends/llguidance.py): its masks are several times
+    # cheaper on
     # wide regexes and as cheap on narrow ones, and its regex dialect is Python's where the two engines differ.
     assert route(spec, BOTH) == ["llguidance", "xgrammar"]
     assert route(spec, ["llguidance", "xgrammar"]) == ["llguidance", "xgrammar"]  # by rank, not enabled order
@@ -122,7 +123,7 @@ def test_a_yielded_spec_still_goes_before_unranked_backends() -> None:
 ])
 def test_grammars_and_choices_route_to_xgrammar_first(spec: GrammarSpec) -> None:
     # Grammars: llguidance lexes terminals greedily, which changes (and can hang on) some grammars' languages;
-    # choices: xgrammar's masks measured cheaper (corral/samplers/backends/xgrammar.py).
+    # choices: xgrammar's masks measured cheaper (corral/grammar_engines/backends/xgrammar.py).
     assert route(spec, BOTH) == ["xgrammar", "llguidance"]
     assert route(spec, ["llguidance", "xgrammar"]) == ["xgrammar", "llguidance"]
 
@@ -177,7 +178,7 @@ def test_without_a_lookup_every_backend_is_neutral(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_registry_installs_its_lookup() -> None:
-    from corral.samplers import registry
+    from corral.grammar_engines import registry
 
     assert features.traits_of("llguidance") is registry.backend_traits("llguidance") is llguidance.TRAITS
     assert features.route(GrammarSpec.json_object(), BOTH) == ["llguidance", "xgrammar"]

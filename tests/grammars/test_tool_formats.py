@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from corral.grammar_engines.registry import backend_traits
 from corral.grammars.contract import validate_output
 from corral.grammars.features import attempts, route
 from corral.grammars.spec import GrammarKind
 from corral.grammars.tools import FORMATS, ToolGrammar, not_starting_with, scan, to_lark, tool_calls_spec
-from corral.samplers.registry import backend_traits
 
 WEATHER: dict[str, Any] = {
     "type": "object",

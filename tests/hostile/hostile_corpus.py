@@ -131,7 +131,7 @@ CORPUS: list[Hostile] = [
     chat("ebnf_only_itself", structured_outputs={"grammar": "root ::= root"}),
     chat("ebnf_repeat_bomb", structured_outputs={"grammar": 'root ::= "a"{1000000}'}),
     # Rules each naming the next twice compile in milliseconds and dictate 2**30 characters, which xgrammar's
-    # jump-forward wrote out in one call the engine cannot interrupt (corral/samplers/forced_runs.py).
+    # jump-forward wrote out in one call the engine cannot interrupt (corral/grammar_engines/forced_runs.py).
     chat("ebnf_rules_doubling_2_pow_30", structured_outputs={"grammar": "root ::= a0\n"
          + "".join(f"a{i} ::= a{i + 1} a{i + 1}\n" for i in range(30)) + 'a30 ::= "x"\n'}),
     chat("lark_rules_doubling_2_pow_30", structured_outputs={"grammar_syntax": "lark", "grammar": "start: a0\n"

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
+from corral.grammar_engines.compilation import CompileResult, GrammarCache, GrammarRejected
+from corral.grammar_engines.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import CompileResult, GrammarCache, GrammarRejected
-from corral.samplers.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 BACKENDS = ["xgrammar", "llguidance"]
 
@@ -269,7 +269,8 @@ def test_auto_routes_length_bounds_to_llguidance(cache: GrammarCache) -> None:
     assert result.backend == "llguidance"
 
 
-# auto's order outside JSON (corral/samplers/backends/): regexes llguidance first (it fills wide ones' masks several
+# auto's order outside JSON (corral/grammar_engines/backends/): regexes llguidance first (it fills wide ones' masks
+# several
 # times
 # faster), grammars and choices xgrammar first; a spec the first refuses goes to the next.
 @pytest.mark.parametrize(("spec", "served_by"), [

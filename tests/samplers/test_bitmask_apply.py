@@ -7,8 +7,8 @@ import pytest
 import torch
 import xgrammar
 
-from corral.samplers.bitmask import allowed_ids, apply_bitmask, sparse_limit, unpack_rows
-from corral.samplers.protocol import allocate_bitmask
+from corral.grammar_engines.bitmask import allowed_ids, apply_bitmask, sparse_limit, unpack_rows
+from corral.grammar_engines.protocol import allocate_bitmask
 
 VOCAB = 5_003  # not a multiple of 32: the last word is partly past the vocabulary
 

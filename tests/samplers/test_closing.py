@@ -1,4 +1,4 @@
-"""The closing search (corral/samplers/closing.py): from any point of a valid answer, a short completion the grammar
+"""The closing search (corral/structured/closing.py): from any point of a valid answer, a short completion the grammar
 accepts and, under `auto`'s contract guard, the full schema too. Checked on JSONSchemaBench schemas, cut at
 several points of a valid instance, for both tokenizer families."""
 
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from conftest import SAMPLE_BENCH, TOKENIZER_FAMILIES, family_tokenizer
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.closing import ClosingVocabulary, required_keys, shortest_completion
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.json_syntax import JsonScan, json_closing
-from corral.samplers.protocol import Matcher, TokenizerSpec
-from corral.samplers.registry import BackendSet
+from corral.structured.closing import ClosingVocabulary, required_keys, shortest_completion
+from corral.structured.json_syntax import JsonScan, json_closing
 
 
 @pytest.mark.parametrize(
@@ -163,8 +163,8 @@ def test_a_string_closes_without_a_space_the_model_did_not_write(tokenizer: Toke
 
 def test_a_string_held_open_by_its_pattern_closes_with_text_the_pattern_matches(tokenizer: TokenizerSpec) -> None:
     """Github_hard/o44202: the mask allows nearly every token in a string whose pattern has not matched yet and
-    only withholds `"`; the schema's pattern says what is missing (corral/samplers/pattern_examples.py)."""
-    from corral.samplers.pattern_examples import pattern_examples
+    only withholds `"`; the schema's pattern says what is missing (corral/structured/pattern_texts.py)."""
+    from corral.structured.pattern_texts import pattern_examples
 
     schema = {
         "type": "object",

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from corral.grammar_engines.compilation import GrammarCache, GrammarRejected
+from corral.grammar_engines.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
+from corral.grammar_engines.sandbox import CompileSandbox
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache, GrammarRejected
-from corral.samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
-from corral.samplers.sandbox import CompileSandbox
 
 BACKENDS = ["xgrammar", "llguidance"]
 DEADLINE = 0.5
@@ -321,8 +321,8 @@ def test_small_grammars_pay_little_for_the_sandbox(backend_set: BackendSet, sand
 _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
-    from corral.samplers.protocol import TokenizerSpec
-    from corral.samplers.sandbox import CompileSandbox
+    from corral.grammar_engines.protocol import TokenizerSpec
+    from corral.grammar_engines.sandbox import CompileSandbox
 
     if __name__ == "__main__":
         box = CompileSandbox(TokenizerSpec(None, 8, ()), [], workers=1)  # no backends: a quick boot
@@ -403,7 +403,7 @@ def test_final_close_ends_compiles_in_flight_and_refuses_new_ones(
 def test_a_worker_orphaned_to_a_pid_1_server_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a container the server is PID 1: a worker whose zygote died becomes its child, and a zombie
     unless the server reaps it (os.kill finds zombies, so the worker would look alive for ever)."""
-    from corral.samplers.worker_handles import Worker
+    from corral.grammar_engines.worker_handles import Worker
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30

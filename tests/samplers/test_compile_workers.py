@@ -14,13 +14,13 @@ import httpx
 import pytest
 from conftest import RunningServer
 
+from corral.grammar_engines import sandbox as sandbox_module
+from corral.grammar_engines import worker_handles
+from corral.grammar_engines.compilation import GrammarCache, GrammarRejected
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
+from corral.grammar_engines.sandbox import CompileSandbox, SandboxUnavailable
 from corral.grammars.spec import GrammarSpec
-from corral.samplers import sandbox as sandbox_module
-from corral.samplers import worker_handles
-from corral.samplers.compilation import GrammarCache, GrammarRejected
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
-from corral.samplers.sandbox import CompileSandbox, SandboxUnavailable
 
 # 20,000 options: xgrammar needs far more than 64 MB for it (and > 30 s without a cap).
 HUNGRY = GrammarSpec.choice([f"option number {i} " + "x" * (i % 97) for i in range(20000)])

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 import torch
 
+from corral.grammar_engines.compilation import GrammarCache, GrammarRejected
+from corral.grammar_engines.contract_guard import GuardedMatcher
+from corral.grammar_engines.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache, GrammarRejected
-from corral.samplers.contract_guard import GuardedMatcher
-from corral.samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 # xgrammar 0.2.8 relaxes oneOf to anyOf: "1" matches both branches (so it is invalid), "2" only one.
 ONE_OF: dict[str, Any] = {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}

@@ -1,4 +1,4 @@
-"""Jump-forward stays on only where xgrammar's forced runs are bounded (corral/samplers/forced_runs.py).
+"""Jump-forward stays on only where xgrammar's forced runs are bounded (corral/grammar_engines/forced_runs.py).
 
 xgrammar writes the whole forced string in one call the engine cannot interrupt; grammars that force 2^30
 characters compile in milliseconds. Each such grammar here would hold the test process for minutes if the
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import xgrammar
 
+from corral.grammar_engines.bitmask import allowed_ids
+from corral.grammar_engines.forced_runs import forced_run_bound
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.xgrammar_backend import MAX_FORCED_RUN, XGrammarBackend, XGrammarCodec, XGrammarCompiled
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.bitmask import allowed_ids
-from corral.samplers.forced_runs import forced_run_bound
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.xgrammar_backend import MAX_FORCED_RUN, XGrammarBackend, XGrammarCodec, XGrammarCompiled
 
 LINKS = 30
 

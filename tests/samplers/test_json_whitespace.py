@@ -14,13 +14,13 @@ import pytest
 import torch
 from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
+from corral.grammar_engines.bitmask import allowed_ids
+from corral.grammar_engines.llguidance_backend import JSON_OPTIONS
+from corral.grammar_engines.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
-from corral.samplers.bitmask import allowed_ids
-from corral.samplers.closing import ClosingVocabulary, required_keys, shortest_completion
-from corral.samplers.llguidance_backend import JSON_OPTIONS
-from corral.samplers.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
+from corral.structured.closing import ClosingVocabulary, required_keys, shortest_completion
 
 BACKENDS = ["xgrammar", "llguidance"]
 
@@ -227,7 +227,7 @@ def test_free_masks_never_allow_whitespace_forever(backend: SamplerBackend, toke
 
 
 def test_free_answer_cut_short_still_closes(backend: SamplerBackend, tokenizer_spec: TokenizerSpec) -> None:
-    """corral/samplers/closing.py from inside a pretty-printed answer: the completion is accepted and the answer
+    """corral/structured/closing.py from inside a pretty-printed answer: the completion is accepted and the answer
     valid."""
     spec = free(GrammarSpec.json_schema(SCHEMA))
     compiled = backend.compile(spec)

@@ -10,12 +10,12 @@ import pytest
 from conftest import family_tokenizer
 
 from corral.benchmarks.kinds.cases import CSV_LARK, SQL_LARK
+from corral.grammar_engines.bitmask import allowed_ids
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.features import route
 from corral.grammars.lark_lexing import greedy_lexing_exact, wide_and_exact
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.bitmask import allowed_ids
-from corral.samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 WORDS = 'start: WORD (" " WORD)*\nWORD: /[a-z]{2,12}/\n'
 PAIRS = 'start: pair (";" pair)*\npair: KEY "=" VALUE\nKEY: /[a-z_]{1,10}/\nVALUE: /[0-9]{1,4}/ | /\'[a-z ]{0,20}\'/\n'

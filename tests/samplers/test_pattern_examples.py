@@ -1,4 +1,4 @@
-"""Texts that match a schema's `pattern` (corral/samplers/pattern_examples.py), which the closing search writes into a
+"""Texts that match a schema's `pattern` (corral/structured/pattern_texts.py), which the closing search writes into a
 string the grammar will not let end (Github_hard/o44202: `"AssociativeID"` with `f-[0-9]+` stalled)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.pattern_examples import pattern_example, pattern_examples
+from corral.structured.pattern_texts import pattern_example, pattern_examples
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from tool_paths import allowed_ids, read_back, write
 
+from corral.grammar_engines.answer_text import AnswerText
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec
+from corral.grammar_engines.registry import AUTO, BackendSet
 from corral.grammars.spec import GrammarSpec
 from corral.grammars.tools import FORMATS, MARKERS, tool_calls_spec
-from corral.samplers.answer_text import AnswerText
-from corral.samplers.protocol import Matcher, TokenizerSpec
-from corral.samplers.registry import AUTO, BackendSet
 
 BACKENDS = ["xgrammar", "llguidance"]
 WEATHER: dict[str, Any] = {

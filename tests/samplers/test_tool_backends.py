@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.contract_guard import GuardedMatcher
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.tools import FORMATS, tool_calls_spec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.contract_guard import GuardedMatcher
-from corral.samplers.protocol import Matcher, TokenizerSpec
-from corral.samplers.registry import BackendSet
 
 BACKENDS = ["xgrammar", "llguidance"]
 POINT: dict[str, Any] = {

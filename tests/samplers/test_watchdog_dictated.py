@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import RunningServer
 
-from corral.samplers.bitmask import unpack_rows
-from corral.samplers.protocol import allocate_bitmask
-from corral.samplers.watchdog import StallDetector, WatchdogLimits, dictated
+from corral.grammar_engines.bitmask import unpack_rows
+from corral.grammar_engines.protocol import allocate_bitmask
+from corral.structured.watchdog import StallDetector, WatchdogLimits, dictated
 
 MODEL = "corral-tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "Answer in the requested shape."}]

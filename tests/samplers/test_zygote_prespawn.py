@@ -1,4 +1,5 @@
-"""`corral serve` starts the compile zygote's process before it loads the model (corral/samplers/worker_handles.py
+"""`corral serve` starts the compile zygote's process before it loads the model
+(corral/grammar_engines/worker_handles.py
 `prespawn_zygote`): the first sandbox adopts that process, hands it the tokenizer, and its forked workers
 compile; a started process that does not fit is stopped, not left behind."""
 
@@ -9,12 +10,12 @@ from multiprocessing.context import SpawnProcess
 
 import pytest
 
+from corral.grammar_engines import worker_handles
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.grammar_engines.registry import BackendSet
+from corral.grammar_engines.sandbox import DEFAULT_MEMORY_LIMIT_MB, CompileSandbox
 from corral.grammars.spec import GrammarSpec
-from corral.samplers import worker_handles
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.registry import BackendSet
-from corral.samplers.sandbox import DEFAULT_MEMORY_LIMIT_MB, CompileSandbox
 
 
 def _started_ahead(memory_limit_mb: int | None) -> SpawnProcess:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from corral.grammar_engines.answer_text import answer_text
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec, allocate_bitmask
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.answer_text import answer_text
-from corral.samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
 
 # A mask this narrow is checked token by token against what the matcher accepts.
 NARROW = 256

@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from corral.samplers.llguidance_backend import LLGuidanceMatcher
+from corral.grammar_engines.llguidance_backend import LLGuidanceMatcher
 
 MODEL = "corral-tiny"
 CAUSE = "simulated: the matcher refused a token its mask allowed"

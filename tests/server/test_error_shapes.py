@@ -215,10 +215,10 @@ def test_compile_log_lines_carry_the_request_id(http: httpx.Client, caplog: pyte
     """Grammar compiles run on a worker thread; their log lines still name the request they compile for."""
     regex = f"a(b{uuid.uuid4().hex}"  # unique: a refusal is cached, and only the first compile logs it
     body = {**CHOICE_OK, "structured_outputs": {"regex": regex}}
-    with caplog.at_level(logging.INFO, logger="corral.samplers.compilation"):
+    with caplog.at_level(logging.INFO, logger="corral.grammar_engines.compilation"):
         response = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "compile-trace-7"})
     assert response.status_code == 400
-    refused = [r for r in caplog.records if r.name == "corral.samplers.compilation" and regex in r.getMessage()]
+    refused = [r for r in caplog.records if r.name == "corral.grammar_engines.compilation" and regex in r.getMessage()]
     assert refused, [r.getMessage() for r in caplog.records]
     assert all(getattr(r, "request_id", None) == "compile-trace-7" for r in refused)
 

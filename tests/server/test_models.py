@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from corral.server.models import LoadedModel, ModelLoadError, ensure_default_model, load_model
+from corral.server.models.checkpoint_meta import GENERIC_CHAT_TEMPLATE
 from corral.server.models.default_model import MODEL_DIRNAME
-from corral.server.models.loading import GENERIC_CHAT_TEMPLATE
 
 EOT_ID = 128009
 END_OF_TEXT_ID = 128001

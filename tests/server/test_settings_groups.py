@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from corral.grammar_engines.compilation import CompileOptions, GrammarCache
 from corral.grammars.limits import InputLimits
-from corral.samplers.compilation import CompileOptions, GrammarCache
-from corral.samplers.watchdog import WatchdogLimits
 from corral.server.engine import EngineConfig
 from corral.server.models import ModelOptions
 from corral.server.settings import GROUPS, Settings
+from corral.structured.watchdog import WatchdogLimits
 
 OPTIONS: list[type[Any]] = [ModelOptions, EngineConfig, WatchdogLimits, CompileOptions, InputLimits]
 
@@ -43,7 +43,7 @@ def test_a_changed_setting_reaches_its_component() -> None:
 
 
 def test_compile_settings_reach_the_grammar_cache(tokenizer: Any) -> None:
-    from corral.samplers.registry import BackendSet
+    from corral.grammar_engines.registry import BackendSet
 
     settings = Settings(compile_timeout_s=3.5, compile_isolate=False, compile_timeout_retry_s=42.0)
     cache = GrammarCache.from_options(BackendSet(tokenizer), settings.group(CompileOptions))

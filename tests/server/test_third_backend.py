@@ -19,10 +19,10 @@ import pytest
 import torch
 from conftest import RunningServer, serving
 
+from corral.grammar_engines import registry
+from corral.grammar_engines.protocol import BackendDescriptor, CompiledGrammar, CompileError, Matcher, TokenizerSpec
 from corral.grammars.features import BackendTraits
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers import registry
-from corral.samplers.protocol import BackendDescriptor, CompiledGrammar, CompileError, Matcher, TokenizerSpec
 
 REGISTERED = "choice-trie"  # registered in-process with register_backend
 FROM_ENTRY_POINT = "choice-trie-ep"  # found through an installed distribution's entry point

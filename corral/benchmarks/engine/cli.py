@@ -46,9 +46,9 @@ def run_engine(args: argparse.Namespace, bench: Bench) -> int:
 
     from corral.benchmarks.engine.runner import new_engine, prepare, run_level
     from corral.benchmarks.serve.workload import candidate_cases
-    from corral.samplers.compilation import GrammarCache
-    from corral.samplers.protocol import TokenizerSpec
-    from corral.samplers.registry import BackendSet
+    from corral.grammar_engines.compilation import GrammarCache
+    from corral.grammar_engines.protocol import TokenizerSpec
+    from corral.grammar_engines.registry import BackendSet
     from corral.server.models import load_model
     from corral.server.settings import default_cpu_threads
 

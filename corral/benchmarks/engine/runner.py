@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 
 from corral.benchmarks.jsonschemabench.dataset import SchemaCase
 from corral.benchmarks.serve.workload import messages
+from corral.grammar_engines.compilation import CompileResult, GrammarCache, GrammarRejected
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import CompileResult, GrammarCache, GrammarRejected
 from corral.server.engine import Engine, EngineConfig, SamplingParams
 from corral.server.engine import Sequence as Seq
 from corral.server.models import LoadedModel

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from corral.grammar_engines.compilation import GrammarCache, GrammarRejected
+from corral.grammar_engines.protocol import CompiledGrammar, SamplerBackend, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.compilation import GrammarCache, GrammarRejected
-from corral.samplers.protocol import CompiledGrammar, SamplerBackend, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 
 class CompileStatus(StrEnum):

@@ -13,10 +13,10 @@ from corral.benchmarks.jsonschemabench.compile_timeout import as_record, compile
 from corral.benchmarks.jsonschemabench.conformance import failing_keyword, meta_valid
 from corral.benchmarks.jsonschemabench.dataset import SchemaCase
 from corral.benchmarks.jsonschemabench.latency import LatencyHistogram, percentile
+from corral.grammar_engines.protocol import CompiledGrammar, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.json_walk import objects_in
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.protocol import CompiledGrammar, SamplerBackend, TokenizerSpec, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 # corral's backends emit ", " between items and ": " after keys, with no other whitespace.
 ITEM_SEPARATOR, KEY_SEPARATOR = ", ", ": "

@@ -34,9 +34,9 @@ from corral.benchmarks.jsonschemabench.report import (
 )
 from corral.benchmarks.jsonschemabench.results import ResultStore, record_key
 from corral.benchmarks.jsonschemabench.tokenizer import load_tokenizer_spec
-from corral.samplers.compilation import GrammarCache
-from corral.samplers.registry import AUTO, BackendSet, backend_names
-from corral.samplers.sandbox import DEFAULT_WORKERS
+from corral.grammar_engines.compilation import GrammarCache
+from corral.grammar_engines.registry import AUTO, BackendSet, backend_names
+from corral.grammar_engines.sandbox import DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from corral.samplers.protocol import TokenizerSpec
+from corral.grammar_engines.protocol import TokenizerSpec
 
 # Chat-template end-of-turn tokens that also stop generation (Llama-3 style and ChatML).
 _END_OF_TURN = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>")

@@ -42,8 +42,8 @@ def run_kinds_command(args: argparse.Namespace, bench: Bench) -> int:
         raise BenchExit("--backends needs at least one name, --rounds >= 2, --batch and --walk-tokens >= 1")
     from corral.benchmarks.kinds.cases import CASES
     from corral.benchmarks.kinds.runner import KindResult, routed_first, run_kinds
-    from corral.samplers.protocol import TokenizerSpec
-    from corral.samplers.registry import BackendSet, UnknownBackend
+    from corral.grammar_engines.protocol import TokenizerSpec
+    from corral.grammar_engines.registry import BackendSet, UnknownBackend
     from corral.server.models import load_model
 
     cases = [c for c in CASES if args.cases in c.label]

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from corral.benchmarks.kinds.cases import Case
+from corral.grammar_engines.bitmask import allowed_ids
+from corral.grammar_engines.protocol import CompiledGrammar, CompileError, SamplerBackend, allocate_bitmask
+from corral.grammar_engines.registry import BackendSet
 from corral.grammars.features import route
-from corral.samplers.bitmask import allowed_ids
-from corral.samplers.protocol import CompiledGrammar, CompileError, SamplerBackend, allocate_bitmask
-from corral.samplers.registry import BackendSet
 
 
 @dataclass

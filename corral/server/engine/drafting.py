@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from corral.samplers.protocol import Matcher
+from corral.grammar_engines.protocol import Matcher
 
 NGRAM_MAX = 4  # the longest suffix looked up; longer matches are rarer and barely more precise
 NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the forward

@@ -1,14 +1,13 @@
 """corral's decode loop: add_request / step / abort over a continuously batched set of sequences.
 
 A step reads schedule → masks → forward → judge → sample; the structured-output stage
-(`structured_output.py`) owns the grammar masks, the output stage (`output_stage.py`) the text a
+(`corral/structured/stage.py`) owns the grammar masks, the output stage (`output_stage.py`) the text a
 request is sent. The engine owns the sequences' life: accept, revise, trip, finish.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -16,23 +15,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from corral.samplers.closing import ClosingVocabulary
-from corral.samplers.protocol import TokenizerSpec
-from corral.samplers.revision import RevisionTracker
-from corral.samplers.watchdog import MaskBudget, StallDetector, Trip, WatchdogLimits, dictated
-from corral.server.engine.grammar_tokens import GrammarTokens
+from corral.grammar_engines.protocol import TokenizerSpec
+from corral.server.engine.endings import Endings
 from corral.server.engine.inbox import Inbox
 from corral.server.engine.logprobs import TokenLogprob
 from corral.server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
 from corral.server.engine.output_stage import OutputStage
 from corral.server.engine.sampling import make_generator, sample_rows
 from corral.server.engine.scheduler import Scheduler
-from corral.server.engine.sequence import SeqOutput, Sequence
+from corral.server.engine.sequence import Sequence
 from corral.server.engine.slot_attention import SHORT_ROW_MAX
 from corral.server.engine.speculation import Speculation
-from corral.server.engine.structured_output import MaskFill, SettledMasks, StructuredOutput
 from corral.server.engine.thread_tuner import ThreadTuner, TorchThreads, choose_threads, record_threads
 from corral.server.models import LoadedModel
+from corral.structured import (
+    ClosingVocabulary,
+    GrammarTokens,
+    MaskFill,
+    SettledMasks,
+    StructuredOutput,
+    Trip,
+    WatchdogLimits,
+    admit,
+    observe,
+    take_back,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,7 @@ class EngineConfig:
     # one count every forward runs with; set on the engine thread itself. Empty: leave torch's setting alone.
     thread_choices: tuple[int, ...] = ()
     # Greedy rows in wide, costly grammar states skip their mask and are checked after the pick
-    # (corral/server/engine/lazy_masks.py).
+    # (corral/structured/lazy_masks.py).
     lazy_masks: bool = True
     # Draft tokens a row may feed after its own (speculative decoding, corral/server/engine/speculation.py); 0: off.
     draft_tokens: int = 8
@@ -84,12 +91,10 @@ class Engine:
             drafts, self.stop_ids, self.revise_id, SHORT_ROW_MAX, self.max_len, loaded.vocab_size,
             jump_forward=config.jump_forward,
         )
-        self.on_trip: Callable[[str], None] = lambda kind: None
         self.threads = ThreadTuner(config.thread_choices) if config.thread_choices else None
         self._torch_threads = TorchThreads()
-        # Held while a sequence's final answer is given: the engine thread and the hung-step watchdog
-        # (another thread) may both end the same sequence; the first one answers.
-        self._answer_lock = threading.Lock()
+        self.endings = Endings(self.scheduler, self.output, self._inbox)
+        self._trip, self._finish = self.endings.trip, self.endings.finish
 
     # -- API used from other threads ---------------------------------------------------------------
     def add_request(self, seq: Sequence) -> None:
@@ -100,6 +105,23 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty()
+
+    def fail_all(self, message: str, reason: str = "error") -> None:
+        """End every live sequence with an error. Engine thread only (or once that thread has ended)."""
+        self.endings.fail_all(message, reason)
+
+    def abandon_all(self, message: str, reason: str) -> None:
+        """From another thread while a step is stuck: every live sequence gets its final answer now."""
+        self.endings.abandon_all(message, reason)
+
+    @property
+    def on_trip(self) -> Callable[[str], None]:
+        """Called with a watchdog trip's kind when one ends a sequence (the server counts them)."""
+        return self.endings.on_trip
+
+    @on_trip.setter
+    def on_trip(self, callback: Callable[[str], None]) -> None:
+        self.endings.on_trip = callback
 
     # -- the loop ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -117,7 +139,7 @@ class Engine:
 
     def _schedule(self) -> list[Sequence]:
         self._drain_inbox()
-        self._reap_answered()
+        self.endings.reap_answered()
         batch = self.scheduler.schedule()
         now = time.perf_counter()
         for seq in batch:
@@ -214,20 +236,10 @@ class Engine:
                     self._finish(seq, "abort")
 
     def _admit(self, seq: Sequence) -> None:
-        p = seq.params
-        seq.generator = make_generator(p, self.loaded.device)
-        depth = self.config.max_revisions if p.max_revisions is None else p.max_revisions
-        seq.revision = RevisionTracker(depth)
-        seq.mask_budget = MaskBudget(self.config.limits)
-        # ignore_eos asks to run to max_tokens (benchmarks): loops are the point there, not a fault.
-        seq.stall = None if p.ignore_eos else StallDetector(self.config.limits, self.output.is_whitespace)
+        seq.generator = make_generator(seq.params, self.loaded.device)
+        admit(seq, self.config.limits, self.config.max_revisions, self.output.is_whitespace)
         seq.closer = self.grammar_tokens.closer_for(seq, self._room(seq))
         self.scheduler.add(seq)
-
-    def _reap_answered(self) -> None:
-        """Drop sequences the hung-step watchdog already answered (it never touches the scheduler itself)."""
-        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.answered]:
-            self.scheduler.finish(seq)
 
     # -- tokens ------------------------------------------------------------------------------------
     def _advance(
@@ -254,11 +266,7 @@ class Engine:
         seq.output_ids.extend(appended)
         seq.stats.sampled_tokens += 1
         seq.pending = appended
-        seq.revision.record(len(appended))
-        # Only the model's own choices can make a loop: jump-forward tokens, and a sampled token every
-        # allowed alternative agreed with, were the grammar's.
-        chosen = [not dictated(token, narrow, self.output.token_text), *([False] * (len(appended) - 1))]
-        stalled = seq.stall is not None and seq.stall.observe(appended, chosen)
+        chosen, stalled = observe(seq, appended, narrow, self.output.token_text)
         if self._close(seq, chosen, stalled):
             return
         if stalled:
@@ -276,7 +284,7 @@ class Engine:
         return min(seq.params.max_tokens - len(seq.output_ids), self.max_len - seq.num_cached - len(seq.pending))
 
     def _close(self, seq: Sequence, chosen: list[bool], stalled: bool) -> bool:
-        """Close a structured answer early (corral/server/engine/answer_closing.py): the budget is about to cut it,
+        """Close a structured answer early (corral/structured/answer_closing.py): the budget is about to cut it,
         or the model runs away (`stalled`, or a runaway value)."""
         closed = self.grammar_tokens.close(seq, self._room(seq), self.output, chosen, stalled=stalled)
         if closed:
@@ -284,73 +292,10 @@ class Engine:
         return closed
 
     def _revise(self, seq: Sequence, trip_if_unable: Trip) -> None:
-        """Take back the last step (matcher, output, KV) and ban its choice at that position.
-        Used for a sampled revision token and for backtracking out of a dead end."""
-        unrecoverable = "the grammar allows no token here and no revision could recover"
-        if not seq.revision.can_revise():
-            too_many = f"more than {seq.revision.max_revisions} revisions"
-            self._trip(seq, trip_if_unable, unrecoverable if trip_if_unable is Trip.DEAD_END else too_many)
-            return
-        if seq.revision.revise(seq.output_ids, seq.matcher, self.structured.choice_probe(seq)) is None:
-            if trip_if_unable is Trip.DEAD_END:
-                self._trip(seq, Trip.DEAD_END, unrecoverable)
-                return
-            # The model asked to revise, but the grammar dictated every token so far: nothing could go
-            # differently. Refuse it at this position and run the step again.
-            assert self.revise_id is not None
-            seq.revision.ban(len(seq.output_ids), self.revise_id)
-        del seq.logprobs[len(seq.output_ids) :]  # the retracted tokens' entries go with them
-        # Re-feed the last kept token: its KV position is rewritten with identical values and its
-        # logits are exactly those a fresh prefill of the kept tokens would give.
-        kept_last = seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1]
-        seq.num_cached = len(seq.prompt_ids) + len(seq.output_ids) - 1
-        seq.pending = [kept_last]
-        if seq.stall is not None:
-            seq.stall.reset()
-
-    # -- endings -----------------------------------------------------------------------------------
-    def _trip(self, seq: Sequence, kind: Trip, message: str) -> None:
-        seq.trip = str(kind)
-        seq.error = message
-        self.on_trip(str(kind))
-        self._finish(seq, str(kind))
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        if seq.is_finished:
-            return
-        self.scheduler.finish(seq)
-        with self._answer_lock:
-            if seq.answered:
-                return  # the hung-step watchdog answered it while this step ran
-            seq.answered = True
-            seq.finish_reason = reason
-            seq.stats.finished = time.perf_counter()
-            seq.sink(self.output.final(seq, reason))
-
-    def fail_all(self, message: str, reason: str = "error") -> None:
-        """End every live sequence with an error (the loop hit an exception, or it stopped). Engine thread only
-        (or once that thread has ended)."""
-        for seq in [*self.scheduler.running, *self.scheduler.waiting, *self._inbox.take_added()]:
-            seq.error = message
-            self._finish(seq, reason)
-
-    def abandon_all(self, message: str, reason: str) -> None:
-        """From another thread while the engine thread is stuck in a step: give every live sequence its final
-        answer now, touching no scheduler or cache state (the stuck step may still use them). If the step
-        ever returns, the engine drops these sequences (`_reap_answered`) and answers them no second time."""
-        for seq in [*_snapshot(lambda: [*self.scheduler.running, *self.scheduler.waiting]), *self._inbox.take_added()]:
-            if not self._answer_lock.acquire(timeout=5):
-                log.error("the engine holds its answer lock; %s gets no final answer", seq.request_id)
-                continue
-            try:
-                if seq.answered:
-                    continue
-                seq.answered = True
-                seq.error, seq.finish_reason = message, reason
-                seq.stats.finished = time.perf_counter()
-                seq.sink(SeqOutput(seq.request_id, "", True, reason, seq))
-            finally:
-                self._answer_lock.release()
+        """Take back the last step and ban its choice (a sampled revision token, or backing out of a dead end)."""
+        tripped = take_back(seq, trip_if_unable, self.revise_id, self.structured.choice_probe(seq))
+        if tripped is not None:
+            self._trip(seq, *tripped)
 
     def shutdown(self) -> None:
         self.structured.shutdown()
@@ -369,16 +314,6 @@ def refusal(seq: Sequence, token: int, text: str) -> str:
     engine = seq.backend.name if seq.backend is not None else "grammar"
     cause = (seq.matcher.error if seq.matcher is not None else None) or "no reason given"
     return f"the {engine} engine refused token {token} ({text!r}), which its mask allowed: {cause}"
-
-
-def _snapshot(read: Callable[[], list[Sequence]]) -> list[Sequence]:
-    """Copy collections another thread may be changing (a deque raises if mutated while copied)."""
-    for _ in range(100):
-        try:
-            return read()
-        except RuntimeError:
-            time.sleep(0.001)
-    return []
 
 
 def forward_rows(batch: list[Sequence], unmasked: list[int]) -> list[ForwardRow]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.samplers.answer_text import answer_text
+from corral.grammar_engines.answer_text import answer_text
 from corral.server.engine.logprobs import TokenLogprob, tokens_reaching, tokens_within
 from corral.server.engine.sequence import SeqOutput, Sequence
 
@@ -52,7 +52,7 @@ class OutputStage:
             return True
         stable = seq.revision.stable_tokens(len(seq.output_ids))
         if seq.closer is not None and seq.closer.fallback is not None:
-            # Near the budget an answer may close from an earlier point (corral/server/engine/answer_closing.py): the
+            # Near the budget an answer may close from an earlier point (corral/structured/answer_closing.py): the
             # text after it is not final until the answer ends or the fallback moves on.
             stable = min(stable, seq.closer.fallback[0])
         if stable < len(seq.output_ids):

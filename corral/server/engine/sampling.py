@@ -37,7 +37,7 @@ class SamplingParams:
     top_logprobs: int = 0  # with `logprobs`: this many most likely alternatives per position
     ignore_eos: bool = False  # benchmark aid (vLLM's name): run to max_tokens; stall detection is off
     max_revisions: int | None = None  # None: the engine's default depth limit
-    close_answers: bool | None = None  # None: the server's --close-answers (corral/server/engine/answer_closing.py)
+    close_answers: bool | None = None  # None: the server's --close-answers (corral/structured/answer_closing.py)
     # None: the server's --json-leading-whitespace (corral/grammars/spec.py GrammarSpec.leading_whitespace)
     json_leading_whitespace: bool | None = None
     json_whitespace: JsonWhitespace | None = None  # None: the server's --json-whitespace (GrammarSpec.whitespace)

@@ -9,14 +9,11 @@ from enum import Enum
 
 import torch
 
-from corral.samplers.protocol import CompiledGrammar, Matcher, SamplerBackend
-from corral.samplers.revision import RevisionTracker
-from corral.samplers.watchdog import MaskBudget, StallDetector
-from corral.server.engine.answer_closing import AnswerCloser
+from corral.grammar_engines.protocol import CompiledGrammar, Matcher, SamplerBackend
 from corral.server.engine.drafting import Draft, DraftCounts, NgramIndex
-from corral.server.engine.lazy_masks import LazyMaskState
 from corral.server.engine.logprobs import TokenLogprob
 from corral.server.engine.sampling import SamplingParams
+from corral.structured import AnswerCloser, LazyMaskState, MaskBudget, RevisionTracker, StallDetector
 
 
 class SeqStatus(Enum):
@@ -90,7 +87,7 @@ class Sequence:
     trip: str | None = None  # the watchdog kind that ended this sequence, if any
     # Its grammar engine failed it (`error`: a mask fill raised, or a token its mask allowed was refused).
     grammar_failed: bool = False
-    closable: bool = False  # a structured answer the engine may close early (corral/server/engine/answer_closing.py)
+    closable: bool = False  # a structured answer the engine may close early (corral/structured/answer_closing.py)
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)
     pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
     closer: AnswerCloser | None = None  # set at admission for a closable sequence

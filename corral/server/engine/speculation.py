@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from corral.samplers.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
-from corral.samplers.protocol import Matcher, allocate_bitmask
+from corral.grammar_engines.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
+from corral.grammar_engines.protocol import Matcher, allocate_bitmask
 from corral.server.engine.drafting import Draft, NgramIndex, propose
 from corral.server.engine.model_runner import ForwardRow
 from corral.server.engine.sequence import Sequence
-from corral.server.engine.structured_output import set_bit
+from corral.structured import set_bit
 
 COST_WINDOW = 256  # decode steps the step-cost fit reads
 # A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary

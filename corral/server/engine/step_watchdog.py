@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from corral.samplers.watchdog import Trip
 from corral.server.engine.engine import Engine
 from corral.server.engine.loop import EngineLoop
+from corral.structured import Trip
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
 from corral.server.models.ggml_step_graph import Embedding, StepGraphs
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
-from corral.server.models.llama_family import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.logit_refinement import refine_near_top
 from corral.server.models.row_kernel import RowKernel
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,40 +10,31 @@ from typing import Any
 import torch
 
 from corral.server.models.builtin import UnresolvedModel, resolve_model
-from corral.server.models.default_model import REVISE
+from corral.server.models.checkpoint_meta import (
+    ModelLoadError,
+    check_checkpoint_dir,
+    first_line,
+    load_causal_config,
+    load_tokenizer,
+    read_chat_template,
+    read_context_length,
+    read_revision_token_id,
+    read_stop_token_ids,
+)
 from corral.server.models.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
 from corral.server.models.row_kernel import layer_graphs_available
 
 AUTO_QUANTIZATION: Quantization = "fp16"
 AUTO_WITHOUT_FBGEMM: Quantization = "int8"  # torch's own kernel, in every CPU build
 
+
 logger = logging.getLogger(__name__)
-
-FALLBACK_CONTEXT_LENGTH = 2048
-# Tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a real length.
-_MAX_SANE_CONTEXT = 10_000_000
-
-# Used only when a checkpoint ships no chat template: plain "role: content" lines.
-GENERIC_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- message['role'] + ': ' + message['content'] + '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
-)
-
-# Conventional end-of-turn markers: chat models often declare only the end-of-document token as eos, and
-# would otherwise run past the end of their turn.
-_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-class ModelLoadError(Exception):
-    """A checkpoint could not be loaded; the message is one sentence meant for the user."""
 
 
 @dataclass
@@ -96,16 +86,16 @@ def load_model(
     weights for a GGUF), or "auto": gguf for a GGUF on CPU (fp16 without ggml), none for a checkpoint."""
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
-    template = _read_chat_template(chat_template) if chat_template is not None else None
+    template = read_chat_template(chat_template) if chat_template is not None else None
     try:
         resolved = resolve_model(model)
     except UnresolvedModel as exc:
         raise ModelLoadError(f"{exc}.") from exc
-    _check_checkpoint_dir(resolved.path)
-    config = _load_causal_config(resolved.path)
-    tokenizer = _load_tokenizer(resolved.path, template)
+    check_checkpoint_dir(resolved.path)
+    config = load_causal_config(resolved.path)
+    tokenizer = load_tokenizer(resolved.path, template)
     # Checked before the (slow) weight load so a bad flag fails fast.
-    revision_token_id = _revision_token_id(tokenizer, revision_token)
+    revision_token_id = read_revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, torch_device)
     quantized = _check_quantization(quantization, impl, torch_device, resolved.from_gguf)
 
@@ -142,9 +132,9 @@ def load_model(
         path=model_dir,
         name=resolved.name,
         vocab_size=vocab_size,
-        stop_token_ids=_stop_token_ids(resolved.path, network.config, tokenizer, vocab_size),
+        stop_token_ids=read_stop_token_ids(resolved.path, network.config, tokenizer, vocab_size),
         revision_token_id=revision_token_id,
-        context_length=_context_length(network.config, tokenizer),
+        context_length=read_context_length(network.config, tokenizer),
         device=torch_device,
         dtype=model_dtype,
         impl=impl,
@@ -158,7 +148,7 @@ OWN_DECODER_VERIFIED_DEVICES = frozenset({"cpu"})
 
 
 def _choose_impl(model_impl: str, config: Any, device: torch.device) -> str:
-    from corral.server.models.llama_family import unsupported_reason
+    from corral.server.models.decoder_config import unsupported_reason
 
     if model_impl not in ("auto", "corral", "transformers"):
         raise ModelLoadError(f"Unknown model implementation {model_impl!r}; choose auto, corral or transformers.")
@@ -230,7 +220,7 @@ def _load_gguf(path: Path, config: Any) -> Any:
 
         return load_gguf_decoder(path, config, gguf_architecture(path))
     except (GGUFTensorError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"Could not serve {path.name} from its blocks: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not serve {path.name} from its blocks: {first_line(exc)}") from exc
 
 
 def _load_corral(
@@ -251,7 +241,7 @@ def _load_corral(
     try:
         model = load_llama_family(model_dir, text_config, dtype, device, quantization)
     except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not load model weights from {model_dir}: {first_line(exc)}") from exc
     return model
 
 
@@ -268,18 +258,13 @@ def _load_transformers(model_dir: Path, config: Any, dtype_arg: torch.dtype | st
             local_files_only=True,
         )
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise ModelLoadError(f"Could not load model weights from {model_dir}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not load model weights from {model_dir}: {first_line(exc)}") from exc
     try:
         model.to(torch_device)
     except (RuntimeError, AssertionError) as exc:
-        raise ModelLoadError(f"Could not move the model to {torch_device}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not move the model to {torch_device}: {first_line(exc)}") from exc
     model.eval()
     return model
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _resolve_device(device: str | None) -> torch.device:
@@ -304,128 +289,3 @@ def _resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype | str
         choices = ", ".join(["auto", *_DTYPES])
         raise ModelLoadError(f"Unknown dtype {dtype!r}; choose one of {choices}.")
     return _DTYPES[dtype]
-
-
-def _check_checkpoint_dir(model_dir: Path) -> None:
-    if not model_dir.exists():
-        raise ModelLoadError(f"Model path {model_dir} does not exist.")
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"Model path {model_dir} is not a directory.")
-    if not (model_dir / "config.json").is_file():
-        raise ModelLoadError(f"{model_dir} has no config.json, so it is not a Hugging Face checkpoint.")
-
-
-def _causal_lm_class_names() -> set[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    names: set[str] = set()
-    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        names.update([value] if isinstance(value, str) else value)
-    return names
-
-
-def _load_causal_config(model_dir: Path) -> Any:
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{model_dir / 'config.json'} is not valid JSON: {_first_line(exc)}") from exc
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{model_dir / 'config.json'} does not hold a JSON object.")
-    try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        model_type = raw.get("model_type", "unknown")
-        raise ModelLoadError(
-            f"{model_dir} has model type {model_type!r}, which this transformers version cannot load."
-        ) from exc
-
-    # A model type with a causal head (e.g. "bert" -> BertLMHeadModel) is not enough: a checkpoint saved as
-    # a bare encoder would load with a freshly random LM head. Trust the saved architecture when present.
-    architectures = [str(a) for a in (getattr(config, "architectures", None) or [])]
-    if architectures:
-        causal = _causal_lm_class_names()
-        if not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
-            raise ModelLoadError(f"{model_dir} is a {architectures[0]} checkpoint, not a causal language model.")
-    elif config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ModelLoadError(f"{model_dir} is a {config.model_type!r} checkpoint, not a causal language model.")
-    return config
-
-
-def _read_chat_template(path: Path) -> str:
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"Could not read the chat template {path}: {_first_line(exc)}") from exc
-    if not text.strip():
-        raise ModelLoadError(f"The chat template {path} is empty.")
-    return text
-
-
-def _load_tokenizer(model_dir: Path, chat_template: str | None = None) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, use_fast=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{model_dir} has no loadable fast tokenizer: {_first_line(exc)}") from exc
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(f"{model_dir} has no fast (tokenizer.json) tokenizer, which grammars need.")
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    if not getattr(tokenizer, "chat_template", None):
-        logger.warning("%s has no chat template; using a generic 'role: content' template", model_dir)
-        tokenizer.chat_template = GENERIC_CHAT_TEMPLATE
-    return tokenizer
-
-
-def _as_id_list(value: object) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [v for v in value if isinstance(v, int)]
-    return []
-
-
-def _generation_eos(model_dir: Path) -> object:
-    try:
-        raw = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return raw.get("eos_token_id") if isinstance(raw, dict) else None
-
-
-def _stop_token_ids(model_dir: Path, config: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
-    candidates: list[int] = []
-    candidates += _as_id_list(_generation_eos(model_dir))
-    candidates += _as_id_list(getattr(config.get_text_config(), "eos_token_id", None))
-    candidates += _as_id_list(tokenizer.eos_token_id)
-    vocab: dict[str, int] = tokenizer.get_vocab()
-    candidates += [vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab]
-    # dict.fromkeys: dedupe, keep first-seen order.
-    return tuple(i for i in dict.fromkeys(candidates) if 0 <= i < vocab_size)
-
-
-def _revision_token_id(tokenizer: Any, revision_token: str | None) -> int | None:
-    vocab: dict[str, int] = tokenizer.get_vocab()
-    if revision_token is not None:
-        if revision_token not in vocab:
-            raise ModelLoadError(f"Revision token {revision_token!r} is not in the tokenizer's vocabulary.")
-        return vocab[revision_token]
-    return vocab.get(REVISE)
-
-
-def _context_length(config: Any, tokenizer: Any) -> int:
-    text_config = config.get_text_config()
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(text_config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    value = getattr(tokenizer, "model_max_length", None)
-    if isinstance(value, int) and 0 < value < _MAX_SANE_CONTEXT:
-        return value
-    return FALLBACK_CONTEXT_LENGTH

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from corral.server.serving import Finished, failure_class
+from corral.server.answer_metrics import failure_class
+from corral.server.serving import Finished
 
 
 def response_extras(done: Finished) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def response_extras(done: Finished) -> dict[str, Any]:
         "draft_tokens": seq.drafting.proposed,
         "draft_accepted": seq.drafting.accepted,
         "drafts": seq.drafting.drafts,
-        # Greedy picks checked against the grammar instead of masked (corral/server/engine/lazy_masks.py), and the
+        # Greedy picks checked against the grammar instead of masked (corral/structured/lazy_masks.py), and the
         # fills a refused one needed.
         "masks_skipped": seq.lazy_mask.skipped,
         "masks_refilled": seq.lazy_mask.refilled,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from corral.samplers.watchdog import Trip
+from corral.structured import Trip
 
 FinishReasonMode = Literal["openai", "precise"]
 EXTRA_FIELD = "corral_finish_reason"

@@ -12,7 +12,6 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from corral.samplers.watchdog import Trip
 from corral.server.errors import ApiError, error_body, guard_stream
 from corral.server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
 from corral.server.openai.extras import response_extras
@@ -20,6 +19,7 @@ from corral.server.openai.frontend import OpenAIFrontend
 from corral.server.openai.protocol import _Request
 from corral.server.openai.tools import ToolCallStream
 from corral.server.serving import Finished, Prepared, Service
+from corral.structured import Trip
 
 HUNG = str(Trip.HUNG_STEP)
 

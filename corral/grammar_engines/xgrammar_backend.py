@@ -1,5 +1,5 @@
 """xgrammar as a SamplerBackend: JSON Schema, regex, EBNF and Lark through one GrammarCompiler, and its sandbox
-codec (XGrammarCodec). Its traits and keyword table are declared in samplers/backends/xgrammar.py."""
+codec (XGrammarCodec). Its traits and keyword table are declared in corral/grammar_engines/backends/xgrammar.py."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 import torch
 import xgrammar
 
+from corral.grammar_engines.backends.xgrammar import IGNORED_KEYWORDS, NAME
+from corral.grammar_engines.forced_runs import forced_run_bound
+from corral.grammar_engines.protocol import CompiledGrammar, CompileError, Matcher, SamplerBackend, TokenizerSpec
 from corral.grammars.combinator_siblings import distribute_siblings
 from corral.grammars.features import schema_features
 from corral.grammars.lowering import choice_to_ebnf
 from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
 from corral.grammars.tools import ToolGrammar, not_starting_with, tool_schemas
-from corral.samplers.backends.xgrammar import IGNORED_KEYWORDS, NAME
-from corral.samplers.forced_runs import forced_run_bound
-from corral.samplers.protocol import CompiledGrammar, CompileError, Matcher, SamplerBackend, TokenizerSpec
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ BATCH_THRESHOLD = 64  # rows per step before xgrammar's own thread pool is worth
 # xgrammar's find_jump_forward_string builds the whole forced string in one uninterruptible call on the engine
 # thread (`((x{1000}){1000}){1000}` and 30 rules each naming the next twice compile at once, then that call
 # ran until the hung-step watchdog killed the server). Jump-forward is only a shortcut, so it is off for a
-# grammar whose forced runs corral/samplers/forced_runs.py cannot bound by this many bytes per parser frame (the
+# grammar whose forced runs corral/grammar_engines/forced_runs.py cannot bound by this many bytes per parser frame (the
 # JSONSchemaBench schemas stay under 150). A run may span frames, and recursion stacks them as deep as the
 # text written so far, so the bound is kept small: at 1,000 bytes a frame, even 8,000 frames force ~1.6 s.
 MAX_FORCED_RUN = 1_000

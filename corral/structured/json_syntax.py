@@ -1,5 +1,5 @@
 """How far a piece of JSON text is from a complete value, by its syntax alone: an incremental scanner the
-closing search (corral/samplers/closing.py) uses to rank its moves. A schema may need more (required properties,
+closing search (corral/structured/closing.py) uses to rank its moves. A schema may need more (required properties,
 minimum lengths): the grammar says what is allowed, this only says which allowed move looks closest."""
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from corral.grammar_engines.answer_text import answer_text
+from corral.grammar_engines.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.answer_text import answer_text
-from corral.samplers.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec
 
 # Tool calls embed JSON Schemas the same engines relax; an answer may only end where every call validates.
 GUARDED_KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.TOOL_CALLS)

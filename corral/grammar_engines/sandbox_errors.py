@@ -1,8 +1,8 @@
-"""How a sandboxed compile can end besides a grammar or a refusal (corral/samplers/sandbox.py)."""
+"""How a sandboxed compile can end besides a grammar or a refusal (corral/grammar_engines/sandbox.py)."""
 
 from __future__ import annotations
 
-from corral.samplers.protocol import CompileError
+from corral.grammar_engines.protocol import CompileError
 
 STOPPED = "compiling stopped: the server is shutting down"
 

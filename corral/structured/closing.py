@@ -23,11 +23,11 @@ from typing import NamedTuple
 
 import torch
 
+from corral.grammar_engines.bitmask import allowed_counts, allowed_ids
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec, allocate_bitmask
 from corral.grammars.json_walk import objects_in
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.bitmask import allowed_counts, allowed_ids
-from corral.samplers.json_syntax import JsonScan
-from corral.samplers.protocol import Matcher, TokenizerSpec, allocate_bitmask
+from corral.structured.json_syntax import JsonScan
 
 # Texts worth trying while the grammar allows many tokens: closers first, then minimal values and separators.
 CLOSING_TEXTS = (
@@ -116,7 +116,8 @@ class _Search:
         self.matcher = matcher
         self.deadline = time.perf_counter() + deadline_s
         self.keys = keys  # property names some schema requires: the names worth writing when one must be
-        # Texts the schema's patterns match (corral/samplers/pattern_examples.py), tokenized: tried inside a string that
+        # Texts the schema's patterns match (corral/structured/pattern_texts.py), tokenized: tried inside a string
+        # that
         # may not end yet, where the mask says nothing of what is missing. At most one per string.
         hf = vocab.tokenizer.hf_tokenizer
         self.examples = [list(hf.encode(text, add_special_tokens=False)) for text in examples]
@@ -143,7 +144,7 @@ class _Search:
 
     def candidates(self) -> list[int]:
         """The moves from the matcher's current state, best first: nearest to a complete value by the JSON
-        syntax (corral/samplers/json_syntax.py), then by `_rank`; at most BRANCH of them."""
+        syntax (corral/structured/json_syntax.py), then by `_rank`; at most BRANCH of them."""
         self.nodes = self.nodes - 1 if time.perf_counter() < self.deadline else 0
         self.bitmask.fill_(0)
         self.matcher.fill_bitmask(self.bitmask, 0)

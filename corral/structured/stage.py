@@ -16,13 +16,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from corral.samplers.bitmask import allowed_counts, apply_bitmask, sparse_limit, unpack_rows
-from corral.samplers.protocol import Matcher, SamplerBackend, allocate_bitmask
-from corral.samplers.revision import ChoiceProbe
-from corral.samplers.watchdog import FEW_ALLOWED
-from corral.server.engine.lazy_masks import LazyMasks
+from corral.grammar_engines.bitmask import allowed_counts, apply_bitmask, sparse_limit, unpack_rows
+from corral.grammar_engines.protocol import Matcher, SamplerBackend, allocate_bitmask
 from corral.server.engine.sequence import Sequence
 from corral.server.torch_threads import helper_pool
+from corral.structured.lazy_masks import LazyMasks
+from corral.structured.revision import ChoiceProbe
+from corral.structured.watchdog import FEW_ALLOWED
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class StructuredOutput:
         lazy_masks: bool = True,
     ) -> None:
         """lazy_masks: greedy rows in wide, costly grammar states skip their fill
-        (corral/server/engine/lazy_masks.py)."""
+        (corral/structured/lazy_masks.py)."""
         self.vocab = vocab_size
         self.revise_id = revise_id
         self.bitmask = allocate_bitmask(max_batch, vocab_size)
@@ -251,7 +251,7 @@ class StructuredOutput:
 
 
 def odds_key(seq: Sequence) -> Hashable | None:
-    """What a sequence's grammar odds are kept under (corral/server/engine/lazy_masks.py): the compiled grammar's
+    """What a sequence's grammar odds are kept under (corral/structured/lazy_masks.py): the compiled grammar's
     backend and spec, shared by every request of that grammar; the matcher itself for a caller that built one
     without a compiled grammar; None when unconstrained."""
     if seq.matcher is None:

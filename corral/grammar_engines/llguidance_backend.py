@@ -1,5 +1,5 @@
 """llguidance as a SamplerBackend: JSON Schema, regex, Lark (and GBNF converted to Lark). Its traits, keyword
-table and sandbox codec are declared in samplers/backends/llguidance.py."""
+table and sandbox codec are declared in corral/grammar_engines/backends/llguidance.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import llguidance.hf
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
+from corral.grammar_engines.backends.llguidance import NAME
+from corral.grammar_engines.protocol import CompileError, Matcher, TokenizerSpec
 from corral.grammars.lowering import choice_to_lark
 from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
 from corral.grammars.tools import ToolFormat, ToolGrammar, to_lark
-from corral.samplers.backends.llguidance import NAME
-from corral.samplers.protocol import CompileError, Matcher, TokenizerSpec
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

@@ -1,5 +1,5 @@
 """Tokens the grammar writes rather than the model: jump-forward (what the grammar dictates next) and the
-completion that closes an answer early (corral/server/engine/answer_closing.py). Both go through the matcher, so
+completion that closes an answer early (corral/structured/answer_closing.py). Both go through the matcher, so
 they are in the grammar by construction."""
 
 from __future__ import annotations
@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from corral.samplers.closing import ClosingVocabulary
-from corral.samplers.protocol import Matcher
-from corral.server.engine.answer_closing import (
+from corral.grammar_engines.protocol import Matcher
+from corral.server.engine.drafting import forced_run
+from corral.server.engine.logprobs import TokenLogprob
+from corral.server.engine.output_stage import OutputStage
+from corral.server.engine.sequence import Sequence
+from corral.structured.answer_closing import (
     ITEM_PERIOD,
     MARGIN,
     RUNAWAY_DIGITS,
@@ -18,10 +21,7 @@ from corral.server.engine.answer_closing import (
     ClosedBecause,
     trailing_digits,
 )
-from corral.server.engine.drafting import forced_run
-from corral.server.engine.logprobs import TokenLogprob
-from corral.server.engine.output_stage import OutputStage
-from corral.server.engine.sequence import Sequence
+from corral.structured.closing import ClosingVocabulary
 
 # Openings kept (grammar, backend, room, keys, examples). An app sends the same schema again and again; its
 # opening search took ~11 ms of the engine thread per request (Gemma 3, JSONSchemaBench at 32 tokens, py-spy:

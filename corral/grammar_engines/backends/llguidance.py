@@ -26,7 +26,8 @@ check then fails). A regex it refuses (`[\d-z]`) still goes to xgrammar. What it
 its lexer is built lazily, so a regex that explodes it (300 counted repetitions in a row, which xgrammar refuses
 at the compile deadline) compiles in milliseconds and fails at a later mask with the lexer's own limit, so
 such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with xgrammar
-(corral/samplers/backends/xgrammar.py says why), but for wide Lark grammars that provably lex the same greedily, which
+(corral/grammar_engines/backends/xgrammar.py says why), but for wide Lark grammars that provably lex the same greedily,
+which
 xgrammar yields (a Lark grammar's counts past MAX_COUNTED make llguidance yield it back)."""
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ import json
 import re
 from typing import Any
 
+from corral.grammar_engines.protocol import BackendDescriptor, CompiledGrammar, Lazy, SamplerBackend
 from corral.grammars.features import SCHEMA_KINDS, BackendTraits, KeywordTable
 from corral.grammars.json_walk import objects_in
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.protocol import BackendDescriptor, CompiledGrammar, Lazy, SamplerBackend
 
 NAME = "llguidance"
 # What the lenient (decode-safe) profile skips or relaxes; the full compile refuses these instead.
@@ -124,4 +125,6 @@ class LLGuidanceCodec:
         return impl.compile(spec)
 
 
-DESCRIPTOR = BackendDescriptor(Lazy("corral.samplers.llguidance_backend:LLGuidanceBackend"), TRAITS, LLGuidanceCodec)
+DESCRIPTOR = BackendDescriptor(
+    Lazy("corral.grammar_engines.llguidance_backend:LLGuidanceBackend"), TRAITS, LLGuidanceCodec
+)

@@ -94,7 +94,8 @@ BackendFactory = Callable[[TokenizerSpec], SamplerBackend]
 
 
 class Codec(Protocol):
-    """How a backend's compiled grammar crosses the compile sandbox's process boundary (corral/samplers/sandbox.py).
+    """How a backend's compiled grammar crosses the compile sandbox's process boundary
+    (corral/grammar_engines/sandbox.py).
     One instance per process side, made by `BackendDescriptor.codec()`; it may keep per-process state."""
 
     def export(self, compiled: CompiledGrammar) -> Any:
@@ -123,7 +124,7 @@ class Lazy:
 
 @dataclass(frozen=True)
 class BackendDescriptor:
-    """Everything corral knows about one backend, registered under its name (corral/samplers/registry.py): how to
+    """Everything corral knows about one backend, registered under its name (corral/grammar_engines/registry.py): how to
     build it, what `auto` routing and the keyword report may assume of it (`traits`, plain data the grammars
     layer reads), and how its compiled grammars cross a process boundary (`codec`; None: the backend
     compiles in the caller's thread, never in a killable worker). A compile worker receives the descriptor

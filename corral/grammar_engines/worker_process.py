@@ -1,4 +1,5 @@
-"""What runs inside the compile zygote and the compile workers (the server's side is corral/samplers/worker_handles.py).
+"""What runs inside the compile zygote and the compile workers (the server's side is
+corral/grammar_engines/worker_handles.py).
 
 Both are spawned, never forked from the server (a threaded process can deadlock a forked child on a lock
 another thread held); only the zygote, which runs nothing but idle library threads, forks. Both get the
@@ -22,16 +23,16 @@ import time
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
+from corral.grammar_engines.pipe_protocol import FORKED, failed, ready, serve_compiles
+from corral.grammar_engines.protocol import BackendDescriptor, Codec, SamplerBackend, TokenizerSpec
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.pipe_protocol import FORKED, failed, ready, serve_compiles
-from corral.samplers.protocol import BackendDescriptor, Codec, SamplerBackend, TokenizerSpec
 
 # Compiled in a forked child before the zygote says it is ready: forking must give a working worker.
 FORK_PROBES = (GrammarSpec(GrammarKind.REGEX, "[a-z]{1,4}"), GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type":"object"}'))
 FORK_PROBE_TIMEOUT_S = 60.0
 # What unpickling a blob and building the built-in backends import (~2 s): a zygote started ahead of its blob
 # imports them while the server loads its model.
-AHEAD_IMPORTS = ("transformers", "corral.samplers.xgrammar_backend", "corral.samplers.llguidance_backend")
+AHEAD_IMPORTS = ("transformers", "corral.grammar_engines.xgrammar_backend", "corral.grammar_engines.llguidance_backend")
 
 Backends = dict[str, SamplerBackend]
 

@@ -5,9 +5,11 @@ keeps burning a core after its caller gave up. So the expensive part runs in a s
 processes; a compile that overruns its deadline is SIGKILLed and its worker replaced.
 
 The pieces: this module is the pool (who compiles where, deadlines, replacing a worker that died or was
-killed); corral/samplers/worker_handles.py starts, kills and reaps the processes and keeps the zygote;
-corral/samplers/worker_process.py is what runs in them; corral/samplers/pipe_protocol.py is what they say to each other;
-each backend's codec (its `BackendDescriptor`, corral/samplers/backends/) says how its compiled grammar crosses back.
+killed); corral/grammar_engines/worker_handles.py starts, kills and reaps the processes and keeps the zygote;
+corral/grammar_engines/worker_process.py is what runs in them; corral/grammar_engines/pipe_protocol.py is what they say
+to each other;
+each backend's codec (its `BackendDescriptor`, corral/grammar_engines/backends/) says how its compiled grammar crosses
+back.
 
 Design choices:
 - Persistent workers (default 2, the server's compile parallelism), each holding every enabled backend
@@ -26,7 +28,7 @@ Design choices:
   RESPAWN_BACKOFF_S.
 - What comes back: the worker compiles under the deadline; the parent then needs its own copy, which the
   backend's codec restores from what the worker exported (xgrammar ships small grammars serialised, and
-  llguidance's parent builds again: corral/samplers/backends/). The parent repeats at most work that just
+  llguidance's parent builds again: corral/grammar_engines/backends/). The parent repeats at most work that just
   finished within the deadline, so it is bounded: a refusal comes at the deadline, a success within ~2x
   the deadline at worst.
 Backends without a codec (plug-ins that declare none, test doubles) compile in the caller's thread.
@@ -43,9 +45,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from corral.grammars.spec import GrammarSpec
-from corral.samplers.pipe_protocol import DIED, FAILURES, OOM, REFUSED, Reply
-from corral.samplers.protocol import (
+from corral.grammar_engines.pipe_protocol import DIED, FAILURES, OOM, REFUSED, Reply
+from corral.grammar_engines.protocol import (
     BackendDescriptor,
     Codec,
     CompiledGrammar,
@@ -53,15 +54,16 @@ from corral.samplers.protocol import (
     SamplerBackend,
     TokenizerSpec,
 )
-from corral.samplers.registry import find_descriptor
-from corral.samplers.sandbox_errors import (
+from corral.grammar_engines.registry import find_descriptor
+from corral.grammar_engines.sandbox_errors import (
     STOPPED,
     CompileOutOfMemory,
     CompileStopped,
     CompileTimeout,
     SandboxUnavailable,
 )
-from corral.samplers.worker_handles import START_TIMEOUT_S, Worker, WorkerSource, stop_all
+from corral.grammar_engines.worker_handles import START_TIMEOUT_S, Worker, WorkerSource, stop_all
+from corral.grammars.spec import GrammarSpec
 
 __all__ = [
     "DEFAULT_MEMORY_LIMIT_MB", "DEFAULT_WORKERS", "RESPAWN_BACKOFF_S", "START_TIMEOUT_S", "STOPPED", "Budget",

@@ -1,4 +1,5 @@
-"""The server's side of the compile processes (what runs in them is corral/samplers/worker_process.py): starting a
+"""The server's side of the compile processes (what runs in them is corral/grammar_engines/worker_process.py): starting
+a
 worker (forked ready from the zygote, or spawned to build its own tables), killing, stopping and reaping it,
 and keeping the zygote booted."""
 
@@ -15,9 +16,9 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 
-from corral.samplers.pipe_protocol import FORK, Job, Reply, await_ready
-from corral.samplers.sandbox_errors import SandboxUnavailable
-from corral.samplers.worker_process import worker_main, zygote_main
+from corral.grammar_engines.pipe_protocol import FORK, Job, Reply, await_ready
+from corral.grammar_engines.sandbox_errors import SandboxUnavailable
+from corral.grammar_engines.worker_process import worker_main, zygote_main
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """xgrammar, as corral knows it without importing it: traits, keyword table, where its engine and codec are.
 
 Routing: xgrammar ranks first for grammars (EBNF/GBNF, Lark) and choices, second for JSON Schema and regexes
-(corral/samplers/backends/llguidance.py says why). Measured by `corral bench kinds` (median of 3 runs, corral-tiny's
+(corral/grammar_engines/backends/llguidance.py says why). Measured by `corral bench kinds` (median of 3 runs,
+corral-tiny's
 tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmarks.md):
 - choices: xgrammar's masks are the cheaper, 6-10 µs/token against 14-58 for 3 to 500 options, and 23-32 µs
   against 76-482 per step of 8 rows;
@@ -16,16 +17,17 @@ tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmark
 For JSON Schema it refuses the keywords it would silently ignore (IGNORED_KEYWORDS), so a schema llguidance
 refused and xgrammar takes is held where the engine can; what it compiles but relaxes (`oneOf` as `anyOf`,
 formats, some `enum` and `maximum`) is closed by the contract guard that `auto` serves through
-(corral/samplers/contract_guard.py). It is given each JSON Schema with the keywords beside an `anyOf`/`oneOf` moved into
+(corral/grammar_engines/contract_guard.py). It is given each JSON Schema with the keywords beside an `anyOf`/`oneOf`
+moved into
 the branches (corral/grammars/combinator_siblings.py): it drops them otherwise, and a branch that names no type lets the
 answer be any JSON value."""
 
 from __future__ import annotations
 
+from corral.grammar_engines.protocol import BackendDescriptor, Lazy
 from corral.grammars.features import SCHEMA_KINDS, BackendTraits, KeywordTable
 from corral.grammars.lark_lexing import wide_and_exact
 from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.samplers.protocol import BackendDescriptor, Lazy
 
 NAME = "xgrammar"
 # Keywords xgrammar 0.2.8 compiles without enforcing (seen: `contains` gave `[]`, `not` gave a string);
@@ -54,7 +56,7 @@ TRAITS = BackendTraits(
 
 # Its codec (XGrammarCodec: small grammars cross serialised) lives with the engine, which it needs.
 DESCRIPTOR = BackendDescriptor(
-    Lazy("corral.samplers.xgrammar_backend:XGrammarBackend"),
+    Lazy("corral.grammar_engines.xgrammar_backend:XGrammarBackend"),
     TRAITS,
-    Lazy("corral.samplers.xgrammar_backend:XGrammarCodec"),
+    Lazy("corral.grammar_engines.xgrammar_backend:XGrammarCodec"),
 )

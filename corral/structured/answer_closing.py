@@ -1,5 +1,5 @@
 """Answers that close: when a structured answer's token budget runs low, or the model runs away, the engine
-ends it with the shortest completion the grammar allows (corral/samplers/closing.py) instead of cutting it mid-value.
+ends it with the shortest completion the grammar allows (corral/structured/closing.py) instead of cutting it mid-value.
 
 When to look: a search costs a few mask fills (~1-5 ms), so it runs only once the room left (max_tokens or
 the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that found a
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 
-from corral.samplers.closing import ClosingVocabulary, shortest_completion
-from corral.samplers.protocol import Matcher
+from corral.grammar_engines.protocol import Matcher
+from corral.structured.closing import ClosingVocabulary, shortest_completion
 
 FIRST_CHECK = 48  # room (tokens) at which the first search runs
 # A runaway: the output ends with a block of tokens repeated back to back, at least RUNAWAY_REPEATS times and
@@ -90,7 +90,7 @@ class AnswerCloser:
     def opening(self, matcher: Matcher, room: int) -> list[int] | None:
         """The grammar's shortest answer from the start (the matcher before its first token), within `room`:
         what `seed` takes. It depends on the compiled grammar, the room, `keys` and `examples` alone, so the
-        engine keeps it per grammar (corral/server/engine/grammar_tokens.py)."""
+        engine keeps it per grammar (corral/structured/grammar_tokens.py)."""
         # Once per answer, so the runaway's longer deadline: the per-step one missed it on a loaded machine.
         return shortest_completion(
             matcher, self.vocab, room, keys=self.keys, deadline_s=RUNAWAY_DEADLINE_S, examples=self.examples

@@ -1,7 +1,8 @@
 """Compile a spec with one backend or with `auto` routing, behind a cache keyed by the canonical spec.
 
 Every compile runs under a deadline (`compile_timeout_s`) for every grammar kind. Backends with a codec (the
-built-ins) compile in killable worker processes (corral.samplers.sandbox): an overrun kills the worker, so a hostile
+built-ins) compile in killable worker processes (corral.grammar_engines.sandbox): an overrun kills the worker, so a
+hostile
 grammar stops costing CPU at the deadline, and the refusal is cached like any other, so the same spec
 is refused at once next time.
 
@@ -20,13 +21,9 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from corral.grammars.features import attempts
-from corral.grammars.lowering import describe
-from corral.grammars.spec import GrammarKind, GrammarSpec
-from corral.grammars.validation import check_regex_hint
-from corral.samplers.protocol import CompiledGrammar, CompileError, SamplerBackend
-from corral.samplers.registry import AUTO, BackendSet
-from corral.samplers.sandbox import (
+from corral.grammar_engines.protocol import CompiledGrammar, CompileError, SamplerBackend
+from corral.grammar_engines.registry import AUTO, BackendSet
+from corral.grammar_engines.sandbox import (
     DEFAULT_MEMORY_LIMIT_MB,
     DEFAULT_WORKERS,
     Budget,
@@ -37,6 +34,10 @@ from corral.samplers.sandbox import (
     SandboxUnavailable,
     sandboxable,
 )
+from corral.grammars.features import attempts
+from corral.grammars.lowering import describe
+from corral.grammars.spec import GrammarKind, GrammarSpec
+from corral.grammars.validation import check_regex_hint
 
 log = logging.getLogger(__name__)
 

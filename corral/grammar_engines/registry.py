@@ -1,5 +1,6 @@
-"""Backend registry: every backend is a BackendDescriptor (corral/samplers/protocol.py) under a name. The built-ins'
-descriptors (corral/samplers/backends/) are imported when first asked for; third-party backends come through the
+"""Backend registry: every backend is a BackendDescriptor (corral/grammar_engines/protocol.py) under a name. The
+built-ins'
+descriptors (corral/grammar_engines/backends/) are imported when first asked for; third-party backends come through the
 `corral.sampler_backends` entry-point group (an entry point names a descriptor, or a bare factory) or
 `register_backend`. Importing this module installs `backend_traits` as the grammars layer's traits lookup,
 so `auto` routing and the keyword report (corral/grammars/features.py, corral/grammars/enforcement.py) read what each
@@ -11,9 +12,9 @@ import logging
 import threading
 from importlib.metadata import entry_points
 
+from corral.grammar_engines.contract_guard import ContractGuard
+from corral.grammar_engines.protocol import BackendDescriptor, BackendFactory, Lazy, SamplerBackend, TokenizerSpec
 from corral.grammars.features import BackendTraits, use_traits
-from corral.samplers.contract_guard import ContractGuard
-from corral.samplers.protocol import BackendDescriptor, BackendFactory, Lazy, SamplerBackend, TokenizerSpec
 
 __all__ = [
     "AUTO", "ENTRY_POINT_GROUP", "BackendFactory", "BackendSet", "UnknownBackend", "backend_names",
@@ -27,8 +28,8 @@ AUTO = "auto"
 
 # name -> "module:attribute" of its descriptor (light modules; the engines load on first use).
 _BUILTIN: dict[str, str] = {
-    "xgrammar": "corral.samplers.backends.xgrammar:DESCRIPTOR",
-    "llguidance": "corral.samplers.backends.llguidance:DESCRIPTOR",
+    "xgrammar": "corral.grammar_engines.backends.xgrammar:DESCRIPTOR",
+    "llguidance": "corral.grammar_engines.backends.llguidance:DESCRIPTOR",
 }
 _registered: dict[str, BackendFactory | BackendDescriptor] = {}
 _lock = threading.Lock()

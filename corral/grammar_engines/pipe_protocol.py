@@ -16,9 +16,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from corral.grammar_engines.protocol import Codec, CompileError, SamplerBackend
+from corral.grammar_engines.sandbox_errors import SandboxUnavailable
 from corral.grammars.spec import GrammarSpec
-from corral.samplers.protocol import Codec, CompileError, SamplerBackend
-from corral.samplers.sandbox_errors import SandboxUnavailable
 
 READY, FAILED, FORK, FORKED = "ready", "failed", "fork", "forked"
 OK, REFUSED, OOM, CRASHED, DIED = "ok", "refused", "oom", "crashed", "died"

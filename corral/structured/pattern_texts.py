@@ -1,4 +1,4 @@
-"""A short text that matches a JSON Schema `pattern`, for the closing search (corral/samplers/closing.py).
+"""A short text that matches a JSON Schema `pattern`, for the closing search (corral/structured/closing.py).
 
 Where a string may not end until its pattern has matched (`"pattern": "f-[0-9]+"`), the grammar's mask allows
 almost every token and only withholds `"`, so the mask gives the search no direction: it wrote `1 1 1 …` until

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.samplers.protocol import Matcher
+from corral.grammar_engines.protocol import Matcher
 
 # Called with the matcher rolled back to the start of a step: is a token other than these allowed there?
 ChoiceProbe = Callable[[set[int]], bool]
