@@ -82,7 +82,7 @@ def start_server(**settings: object) -> tuple[RunningServer, object, threading.T
     port = _free_port()
     config = Settings(port=port, **settings)  # type: ignore[arg-type]
     service = Service(config, load_model(config.model, device="cpu", quantization=config.quantization))
-    app = create_app(service)
+    app = create_app(service, config)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

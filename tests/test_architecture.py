@@ -35,7 +35,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The structured-output wing is the engine's own stage (its sequences carry the wing's per-row state): one
     # layer, kept apart by the wing's face (test_the_structured_wing_is_reached_through_its_face).
     ("engine", ("corral.server.engine", "corral.structured")),
-    ("serving core", ("corral.server.serving", "corral.server.compile_stage", "corral.server.answer_metrics")),
+    (
+        "serving core",
+        (
+            "corral.server.serving",
+            "corral.server.prepared",
+            "corral.server.compile_stage",
+            "corral.server.fallback",
+            "corral.server.answer_metrics",
+        ),
+    ),
     ("OpenAI API", ("corral.server.openai",)),
     ("HTTP", ("corral.server.app", "corral.server.auth", "corral.server.middleware", "corral.server.grammar_routes")),
     ("benchmarks", ("corral.benchmarks",)),
@@ -224,3 +233,33 @@ def test_one_top_level_import_name() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['corral', 'corral.server']"
+
+
+def _service_parts() -> set[str]:
+    """The attributes `Service.__init__` sets: the parts it holds (engine, loop, metrics, settings, ...)."""
+    tree = ast.parse(MODULES["corral.server.serving"].read_text())
+    service = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Service")
+    init = next(n for n in service.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return {
+        target.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+    }
+
+
+def test_no_module_reaches_through_the_service() -> None:
+    """Layers above the serving core use what `Service` offers (prepare, run, stream, a few facts), never one of
+    its parts' own attributes (`service.engine.scheduler`, `service.settings.api_keys`)."""
+    parts = _service_parts()
+    assert {"engine", "settings", "metrics", "loaded"} <= parts
+    pattern = re.compile(r"\bservice\.(" + "|".join(sorted(parts)) + r")\.\w")
+    reaching = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for name, path in MODULES.items()
+        if name != "corral.server.serving"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not reaching, reaching

@@ -24,11 +24,13 @@ from corral.server.openai.responses import respond
 from corral.server.openai.responses_api.request import ResponsesRequest
 from corral.server.openai.responses_api.route import respond_responses
 from corral.server.serving import Service
+from corral.server.settings import Settings
 
 RECURSION_LIMIT = 20_000  # jsonschema recurses a few frames per schema level: room for --max-schema-depth
 
 
-def create_app(service: Service) -> FastAPI:
+def create_app(service: Service, settings: Settings) -> FastAPI:
+    """The app over `service`; `settings` are those it was built from (middleware, keys and limits read them)."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
 
     @asynccontextmanager
@@ -45,33 +47,27 @@ def create_app(service: Service) -> FastAPI:
     read_bytes = getattr(loaded.model, "step_read_bytes", None)
     if loaded.quantization != "none" and callable(read_bytes):  # what the quantized weights are, not the file
         weight_bytes = int(read_bytes())
-    frontend = OpenAIFrontend(service)
+    frontend = OpenAIFrontend(service, settings)
     app.state.service = service
     app.state.frontend = frontend
     # Middleware, innermost first (docs/reliability.md): 500s, body limits, API keys, CORS, request ids.
-    add_inner_middleware(app, service.settings, service.metrics)
-    if service.settings.api_keys():
-        app.add_middleware(
-            ApiKeyMiddleware, keys=service.settings.api_keys(), protect_metrics=service.settings.metrics_require_key
-        )
-    add_outer_middleware(app, service.settings)
-    install_error_handlers(app, service.metrics.limit_refusals)
+    counters = service.metrics
+    add_inner_middleware(app, settings, counters)
+    if settings.api_keys():
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys(), protect_metrics=settings.metrics_require_key)
+    add_outer_middleware(app, settings)
+    install_error_handlers(app, counters.limit_refusals)
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not service.ready or not service.watchdog.healthy or not service.loop.alive:
+        if not service.healthy:
             return JSONResponse({"status": "unavailable"}, 503)
-        return JSONResponse(
-            {
-                "status": "ok",
-                "running": len(service.engine.scheduler.running),
-                "waiting": len(service.engine.scheduler.waiting),
-            }
-        )
+        running, waiting = service.queue_depths()
+        return JSONResponse({"status": "ok", "running": running, "waiting": waiting})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(counters.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -83,7 +79,7 @@ def create_app(service: Service) -> FastAPI:
                     "object": "model",
                     "created": 0,
                     "owned_by": "corral",
-                    "max_model_len": service.engine.max_len,
+                    "max_model_len": service.max_len,
                     "dtype": str(loaded.dtype).removeprefix("torch."),
                     "quantization": loaded.quantization,
                     "weight_bytes": weight_bytes,  # at the serving dtype (or quantized): what one decode step reads

@@ -100,7 +100,7 @@ def serve(args: argparse.Namespace) -> int:
     # Bounded drain: without a limit uvicorn waits for every open request, e.g. a compile under a long
     # deadline or a long generation, and `docker stop` would end in SIGKILL.
     uvicorn.run(
-        create_app(service),
+        create_app(service, settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

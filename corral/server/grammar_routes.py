@@ -15,7 +15,7 @@ from corral.server.modes import MODES
 from corral.server.openai.finish import FinishReason
 from corral.server.openai.frontend import OpenAIFrontend
 from corral.server.openai.protocol import ConstraintFields
-from corral.server.serving import json_styled
+from corral.server.prepared import json_styled
 
 
 class GrammarRequest(ConstraintFields):
@@ -37,19 +37,19 @@ def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
 
     @router.get("/v1/capabilities")
     async def capabilities() -> dict[str, Any]:
-        enabled = service.backends.enabled
+        enabled, markers = service.backend_capabilities()
         return {
             "object": "capabilities",
             "modes": list(MODES),
             # How the dispatch markers ride inside a constraint: a Lark grammar with `%json`, if a backend takes it.
-            "markers": "lark_json" if any(service.backends.traits(n).lark_json for n in enabled) else None,
+            "markers": markers,
             "constraint_kinds": [str(kind) for kind in GrammarKind],
             "backends": list(enabled),
             "default_backend": "auto",
             "profiles": ["full", "decode_safe"],
             "logprobs": True,
             "finish_reasons": [str(r) for r in FinishReason if r is not FinishReason.ABORT],
-            "max_model_len": service.engine.max_len,
+            "max_model_len": service.max_len,
         }
 
     @router.post("/v1/grammars")
@@ -59,7 +59,7 @@ def grammar_routes(frontend: OpenAIFrontend) -> APIRouter:
         # The same parsing, limits and 400s as a chat request's constraint.
         tools = await service.off_loop(frontend.tools, req.tools, req.tool_choice, req.parallel_tool_calls)
         constraint = await service.off_loop(frontend.constraint, req, tools)
-        constraint = json_styled(constraint, req.json_leading_whitespace, service.settings, req.json_whitespace)
+        constraint = json_styled(constraint, req.json_leading_whitespace, frontend.settings, req.json_whitespace)
         spec = constraint.spec
         if spec is None:
             raise bad_request("no constraint given: send response_format, structured_outputs or tools",

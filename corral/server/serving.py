@@ -7,30 +7,30 @@ import contextvars
 import functools
 import itertools
 import logging
+import time
 import uuid
-import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from corral.grammar_engines.compilation import CompileOptions, CompileResult, GrammarCache
 from corral.grammar_engines.protocol import TokenizerSpec
 from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import has_tool_calls, validate_output
-from corral.grammars.features import route
 from corral.grammars.request import AUTO, ConstraintRequest
-from corral.grammars.spec import GrammarSpec, JsonWhitespace
+from corral.grammars.spec import GrammarSpec
 from corral.grammars.validation import OutputCheck
 from corral.server.answer_metrics import ERROR, count_answer
 from corral.server.compile_stage import CompileStage
-from corral.server.engine import Engine, EngineConfig, EngineLoop, SamplingParams, SeqOutput, Sequence, StepWatchdog
-from corral.server.errors import ApiError, bad_request
+from corral.server.engine import Engine, EngineConfig, EngineLoop, SeqOutput, StepWatchdog
+from corral.server.errors import ApiError, guard_stream
+from corral.server.fallback import AutoFallback, engine_failed
 from corral.server.metrics import Metrics
 from corral.server.models import LoadedModel
+from corral.server.prepared import Admission, Finished, Prepared, json_styled, sequence_for
 from corral.server.settings import Settings
 from corral.server.torch_threads import helper_pool, single_torch_thread
-from corral.structured import Trip, WatchdogLimits, pattern_examples, required_keys
+from corral.structured import Trip, WatchdogLimits
 
 log = logging.getLogger(__name__)
 
@@ -43,41 +43,6 @@ PREPARE_THREADS = 4
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-@dataclass
-class Prepared:
-    """A validated request, ready for the engine."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    constraint: ConstraintRequest
-    compiled: CompileResult | None
-    received: float
-
-
-def json_styled(
-    constraint: ConstraintRequest, asked: bool | None, settings: Settings, layout: JsonWhitespace | None = None
-) -> ConstraintRequest:
-    """The constraint as generation compiles it: whether a JSON answer may start with one space or newline
-    (`json_leading_whitespace`, else `--json-leading-whitespace`) and where it may hold whitespace inside
-    (`json_whitespace`, else `--json-whitespace`)."""
-    if constraint.spec is None:
-        return constraint
-    lead = settings.json_leading_whitespace if asked is None else asked
-    spec = constraint.spec.with_leading_whitespace(lead).with_whitespace(layout or settings.json_whitespace)
-    return replace(constraint, spec=spec)
-
-
-@dataclass
-class Finished:
-    text: str
-    finish_reason: str
-    seq: Sequence
-    check: OutputCheck | None
-    prepared: Prepared
-    fallback_from: str | None = None  # the backend whose answer `auto` generated again with another (auto only)
 
 
 class Service:
@@ -142,9 +107,44 @@ class Service:
         return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, context.run, call)
 
     # -- request preparation -----------------------------------------------------------------------
-    def admit(self, model: str | None, prompt_len: int, *, prompt_param: str) -> None:
-        """The checks every request passes before any work on it: the server is up, the model is this one,
-        and the prompt leaves room for at least one token."""
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        """Tokens a request's prompt and answer may hold together."""
+        return self.engine.max_len
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and self.watchdog.healthy and self.loop.alive
+
+    def backend_capabilities(self) -> tuple[list[str], str | None]:
+        """The backends enabled, and how dispatch markers ride in a constraint (a Lark grammar with `%json`, if
+        one of them takes it)."""
+        enabled = list(self.backends.enabled)
+        return enabled, "lark_json" if any(self.backends.traits(n).lark_json for n in enabled) else None
+
+    def queue_depths(self) -> tuple[int, int]:
+        """Requests running and waiting in the engine."""
+        return len(self.engine.scheduler.running), len(self.engine.scheduler.waiting)
+
+    def guarded(self, events: AsyncGenerator[str | dict[str, str], None]) -> AsyncIterator[str | dict[str, str]]:
+        """A response stream whose unexpected failure ends it with an error event, counted."""
+        return guard_stream(events, self.metrics.internal_errors)
+
+    # -- request preparation -----------------------------------------------------------------------
+    async def prepare(self, model: str | None, build: Callable[[], Admission], *, stream: bool = False) -> Prepared:
+        """A request ready for `run` or `stream`: the server is up and serves `model`; `build` (the front end's
+        reading of the request: prompt, constraint, sampling) runs on the prepare threads; the constraint is
+        compiled (cached). A request to be streamed is refused here when the server is full, so its 429 comes
+        before the stream's 200 headers."""
+        received = time.perf_counter()
         if not self.ready or not self.watchdog.healthy:
             raise ApiError(503, "the server is starting or stopping; retry shortly", type_="service_unavailable")
         if model is not None and model not in (self.model_name, "default"):
@@ -154,30 +154,20 @@ class Service:
                 param="model",
                 code="model_not_found",
             )
-        limit = self.engine.max_len
-        if prompt_len >= limit:
-            raise bad_request(
-                f"the prompt is {prompt_len} tokens; this model's context is {limit} tokens "
-                "(prompt + at least one generated token)",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-
-    def check_backend(self, constraint: ConstraintRequest) -> None:
+        admission = await self.off_loop(build)
+        params = admission.params
+        constraint = json_styled(admission.constraint, params.json_leading_whitespace, self.settings,
+                                 params.json_whitespace)
         self.compiler.check_backend(constraint)
-
-    async def prepare(
-        self, prompt_ids: list[int], constraint: ConstraintRequest, params: SamplingParams, received: float
-    ) -> Prepared:
-        """Compile the request's constraint (cached) and give it an id: ready for `run` or `stream`."""
-        constraint = json_styled(constraint, params.json_leading_whitespace, self.settings, params.json_whitespace)
         compiled = await self.compile(constraint) if constraint.spec is not None else None
-        return Prepared(
-            f"{next(self._ids)}-{uuid.uuid4().hex[:12]}", prompt_ids, params, constraint, compiled, received
-        )
+        if stream:
+            self.check_capacity()
+        request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:12]}"
+        return Prepared(request_id, admission.prompt_ids, params, constraint, compiled, received)
 
     async def compile(self, constraint: ConstraintRequest) -> CompileResult:
         """The constraint compiled (cached) under the deadline, or a 400 (corral/server/compile_stage.py)."""
+        self.compiler.check_backend(constraint)
         return await self.compiler.compile(constraint)
 
     # -- running -----------------------------------------------------------------------------------
@@ -193,7 +183,14 @@ class Service:
                 code="queue_full",
             )
 
-    async def stream(self, prepared: Prepared, *, deltas: bool = True) -> AsyncIterator[SeqOutput]:
+    async def stream(self, prepared: Prepared) -> AsyncGenerator[tuple[SeqOutput, Finished | None], None]:
+        """The engine's outputs for a prepared request as they come, each with the finished answer (checked
+        against the full contract) once it is the last; a cancelled consumer (disconnect) aborts."""
+        async with aclosing(self._outputs(prepared, deltas=True)) as outputs:
+            async for out in outputs:
+                yield out, (await self.off_loop(self.finish, prepared, out) if out.finished else None)
+
+    async def _outputs(self, prepared: Prepared, *, deltas: bool = True) -> AsyncGenerator[SeqOutput, None]:
         """Submit to the engine and yield its outputs; a cancelled consumer (disconnect) aborts. Under `auto`, an
         answer a grammar engine failed (`error`: its fill raised, or it refused a token its own mask allowed) is
         generated again with the next backend, as a compile refusal is, if nothing of it was sent yet (always so
@@ -229,23 +226,9 @@ class Service:
             if not loop.is_closed():  # a final answer given as the server stops may find no loop to take it
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        compiled, spec = prepared.compiled, prepared.constraint.spec
-        closable = self._closable(prepared)
+        compiled = prepared.compiled
         backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
-        seq = Sequence(
-            request_id=prepared.request_id,
-            prompt_ids=prepared.prompt_ids,
-            params=prepared.params,
-            sink=sink,
-            matcher=backend.new_matcher(compiled.compiled) if backend and compiled else None,
-            backend=backend,
-            grammar=compiled.compiled if backend and compiled else None,
-            streaming=deltas,
-            closable=closable,
-            required_keys=required_keys(spec) if closable and spec is not None else frozenset(),
-            pattern_examples=pattern_examples(spec) if closable and spec is not None else (),
-        )
-        seq.stats.arrival = prepared.received
+        seq = sequence_for(prepared, backend, sink, streaming=deltas, closable=self._closable(prepared))
         self.in_flight += 1
         finished = False
         try:
@@ -283,7 +266,7 @@ class Service:
         return done
 
     async def _run_once(self, prepared: Prepared) -> Finished:
-        async for out in self.stream(prepared, deltas=False):
+        async for out in self._outputs(prepared, deltas=False):
             if out.finished:
                 return await self.off_loop(self.finish, prepared, out)  # validates the whole answer
         raise RuntimeError("engine stream ended without a final output")
@@ -310,40 +293,3 @@ class Service:
             because = f": {cause}" if cause else ""
             return OutputCheck(False, f"generation ended by {finish_reason} before the grammar completed{because}")
         return validate_output(spec, text)
-
-
-def engine_failed(prepared: Prepared, out: SeqOutput) -> bool:
-    """Whether `auto` may run this answer again on another backend: its grammar engine failed it (`error`)."""
-    return (
-        out.finish_reason == ERROR
-        and out.seq.grammar_failed
-        and prepared.constraint.backend == AUTO
-        and prepared.compiled is not None
-    )
-
-
-class AutoFallback:
-    """`auto`'s second attempt: a request compiled for the next backend its spec routes to (`Service.run` after a
-    dead end or a failed check, `Service.stream` after a grammar engine error), and the answers run so (`reruns`:
-    each sequence's own Prepared and the backend that failed first, which `Service.finish` reports)."""
-
-    def __init__(self, compile: Callable[[ConstraintRequest], Awaitable[CompileResult]], enabled: list[str]) -> None:
-        self._compile = compile
-        self._enabled = enabled
-        self.reruns: weakref.WeakKeyDictionary[Sequence, tuple[Prepared, str]] = weakref.WeakKeyDictionary()
-
-    async def next_backend(self, prepared: Prepared, why: str) -> Prepared | None:
-        """The request compiled for the next backend that takes its spec, or None if there is none."""
-        spec, used = prepared.constraint.spec, prepared.compiled
-        assert spec is not None and used is not None
-        for name in route(spec, self._enabled):
-            if name == used.backend:
-                continue
-            try:
-                compiled = await self._compile(ConstraintRequest(spec, name, prepared.constraint.source))
-            except ApiError:
-                continue
-            log.info("request %s: the answer from %s %s; regenerating with %s", prepared.request_id, used.backend,
-                     why, name)
-            return replace(prepared, compiled=compiled, request_id=f"{prepared.request_id}-{name}")
-        return None

@@ -23,7 +23,7 @@ def main() -> None:
         time.sleep(3600)  # an engine step that never returns, as a wedged GPU kernel would
         raise AssertionError("unreachable")
 
-    service.engine.runner.forward_step = hang  # type: ignore[attr-defined]
+    service.engine.runner.decode = hang  # type: ignore[attr-defined]
     print(running.base_url, flush=True)
     thread.join()
 

@@ -67,7 +67,7 @@ def _generate(server: RunningServer, max_tokens: int) -> list[dict[str, Any]]:
             seed=7,
         )
         try:
-            prepared = await OpenAIFrontend(service).prepare_chat(req)
+            prepared = await OpenAIFrontend(service, service.settings).prepare_chat(req)
         except ApiError as exc:
             assert exc.status == 400, exc.message  # refused schemas are a clear 400, never a 500
             return {"name": name, "compiled": False, "refusal": exc.code}

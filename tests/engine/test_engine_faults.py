@@ -17,7 +17,7 @@ from conftest import RunningServer
 from test_revision_and_watchdog import _DeadEndMatcher, _PlainBackend, make_engine, new_seq
 
 from corral.server.engine import Engine, EngineLoop, SeqOutput
-from corral.server.engine.model_runner import StepLogits
+from corral.server.engine.model_runner import DecodedStep
 from corral.server.engine.step_watchdog import TOKENS_PER_DEADLINE, StepWatchdog, step_deadline
 from corral.server.models import LoadedModel, load_model
 
@@ -99,14 +99,14 @@ def test_a_fill_failure_fails_only_the_row_that_failed(loaded: LoadedModel) -> N
 def _blocking_forward(engine: Engine) -> tuple[threading.Event, threading.Event]:
     """Make the next forward hang until released; returns (entered, release)."""
     entered, release = threading.Event(), threading.Event()
-    original: Callable[..., StepLogits] = engine.runner.forward_step
+    original: Callable[..., DecodedStep] = engine.runner.decode
 
-    def forward(rows: Any, restrict: Any = None) -> StepLogits:
+    def decode(rows: Any) -> DecodedStep:
         entered.set()
         release.wait(60)
-        return original(rows, restrict)
+        return original(rows)
 
-    engine.runner.forward_step = forward  # type: ignore[method-assign]
+    engine.runner.decode = decode  # type: ignore[method-assign]
     return entered, release
 
 

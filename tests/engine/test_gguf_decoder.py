@@ -102,10 +102,12 @@ def test_a_restricted_row_gets_the_exact_logits_of_its_allowed_tokens(written: t
     runner = _runner(decoder)
     prompt = _sequence(4, 10)
     allowed = torch.tensor([3, 17, 200, 5])
-    restricted = runner.forward([ForwardRow(0, 0, prompt)], restrict=lambda: {0: allowed})
+    step = runner.decode([ForwardRow(0, 0, prompt)])
+    restricted = runner.head(step, {0: allowed}).rows
     full = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
     assert torch.isinf(restricted[0]).sum() == VOCAB - len(allowed)
-    hidden = runner._impl._hidden  # type: ignore[attr-defined]
+    hidden = step.hidden
+    assert hidden is not None
     exact = decoder.head.select(hidden, torch.zeros(len(allowed), dtype=torch.long), allowed)
     torch.testing.assert_close(restricted[0, allowed], exact)
     torch.testing.assert_close(full[0, allowed], exact, atol=0.05 * float(exact.abs().max()), rtol=0.0)

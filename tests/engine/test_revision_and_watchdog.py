@@ -15,7 +15,7 @@ from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
 from corral.server.engine import Engine, EngineConfig, SamplingParams, SeqOutput
 from corral.server.engine import Sequence as Seq
-from corral.server.engine.model_runner import ForwardRow, ModelRunner, StepLogits
+from corral.server.engine.model_runner import DecodedStep, ForwardRow, ModelRunner, StepLogits
 from corral.server.models import LoadedModel, load_model
 from corral.structured.watchdog import Trip, WatchdogLimits
 
@@ -89,14 +89,14 @@ def test_revision_restores_kv_cache_matcher_and_output(loaded: LoadedModel, back
 
     # KV cache: the next forward's logits equal a fresh prefill of prompt + kept tokens.
     captured: list[torch.Tensor] = []
-    original = engine.runner.forward_step
+    original = engine.runner.head
 
-    def spy(rows: Sequence[ForwardRow], restrict: object = None) -> StepLogits:
-        out = original(rows)  # no restricted head: the whole row is compared with a fresh prefill
+    def spy(step: DecodedStep, allowed: object = None) -> StepLogits:
+        out = original(step)  # no restricted head: the whole row is compared with a fresh prefill
         captured.append(out.rows.clone())
         return out
 
-    engine.runner.forward_step = spy  # type: ignore[method-assign]
+    engine.runner.head = spy  # type: ignore[method-assign]
     engine.step()
     expected = fresh_logits(loaded, seq.prompt_ids + kept)
     torch.testing.assert_close(captured[0][0], expected, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ from corral.grammars.request import ConstraintRequest
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
 from corral.server.models import load_model
 from corral.server.openai.extras import response_extras
-from corral.server.serving import Finished, Prepared
+from corral.server.prepared import Finished, Prepared
 
 
 def _finished(output_ids: list[int], *, stop_sampled: bool, first: float, end: float) -> Finished:

@@ -93,7 +93,7 @@ class InProcessGenerator:
         service = self._service
         request = ChatCompletionRequest(**request_body(case, backend, options))
         try:
-            prepared = await OpenAIFrontend(service).prepare_chat(request)
+            prepared = await OpenAIFrontend(service, service.settings).prepare_chat(request)
         except ApiError as exc:
             return Reply(status_of_refusal(exc.code), error=exc.message[:500])
         try:

@@ -133,7 +133,7 @@ class Engine:
         self.speculation.prepare(batch)
         masks = self.structured.start(batch)
         logits, settled = self._forward(batch, masks)
-        live = self._judge(batch, logits.rows, settled)
+        live = self._judge(batch, logits, settled)
         self._sample(batch, live, logits, settled)
         self.speculation.stepped((time.perf_counter() - t0) * 1000)  # what drafts cost is the whole step's time
 
@@ -147,23 +147,17 @@ class Engine:
         return batch
 
     def _forward(self, batch: list[Sequence], masks: Future[MaskFill] | None) -> tuple[StepLogits, SettledMasks]:
-        """Run the model on the batch. Masked rows settle between the decoder and its head when the runner
-        asks (so sparse rows' head computes only their allowed ids), else after the forward."""
-        settled: SettledMasks | None = None
-        waited = 0.0
-
-        def restrict() -> dict[int, torch.Tensor]:
-            nonlocal settled, waited
-            t_wait = time.perf_counter()
-            settled = self.structured.settle(batch, masks, restrictable=True)
-            waited = time.perf_counter() - t_wait
-            return settled.restricted
-
+        """Run the model on the batch: the decoder, then the masks settle (filled while it ran), then the head,
+        which computes sparse rows' allowed ids only (where the runner restricts its head)."""
         rows_in = forward_rows(batch, self.structured.unmasked)
-        masked = masks is not None
-        chosen = choose_threads(self.threads, self._torch_threads, masked, sum(len(r.tokens) for r in rows_in))
+        fed = sum(len(r.tokens) for r in rows_in)
+        chosen = choose_threads(self.threads, self._torch_threads, masks is not None, fed)
         t0 = time.perf_counter()
-        logits = self.runner.forward_step(rows_in, restrict if masked else None)
+        decoded = self.runner.decode(rows_in)
+        t_settle = time.perf_counter()
+        settled = self.structured.settle(batch, masks, restrictable=self.runner.restricts_head)
+        waited = time.perf_counter() - t_settle
+        logits = self.runner.head(decoded, settled.restricted)
         elapsed = time.perf_counter() - t0
         forward_ms = (elapsed - waited) * 1000
         record_threads(self.threads, chosen, elapsed * 1000)
@@ -171,23 +165,22 @@ class Engine:
         for seq in batch:
             seq.num_cached += len(seq.pending)
             seq.stats.forward_ms.append(forward_ms)
-        if settled is None:  # the runner did not ask: every masked row gets the full logits, masked after
-            settled = self.structured.settle(batch, masks, restrictable=False)
         return logits, settled
 
-    def _judge(self, batch: list[Sequence], logits: torch.Tensor, settled: SettledMasks) -> list[int]:
+    def _judge(self, batch: list[Sequence], step: StepLogits, settled: SettledMasks) -> list[int]:
         """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""
         for row, message in settled.failed.items():
             grammar_failed(batch[row], message)
             self._finish(batch[row], "error")
         for row in sorted(settled.overran | settled.dead_ends):
             self._judge_row(batch[row], overran=row in settled.overran)
+        logits = step.rows
         live, stuck = self.structured.apply(logits, batch, settled)
         for row in stuck:
             self._revise(batch[row], Trip.DEAD_END)
         # Restricted rows' logits are exact; the others' best few (and alternatives they report) are made so now.
         rounded = [row for row in live if row not in settled.restricted]
-        self.runner.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
+        step.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
         return live
 
     def _judge_row(self, seq: Sequence, *, overran: bool) -> None:

@@ -1,6 +1,9 @@
 """Owns the model and its KV cache; turns a batch of rows into next-token logits.
 
-Two forwards sit behind one `ModelRunner.forward(rows)`: corral's own decoder for the Llama family
+A step is two calls that hand values on: `decode(rows)` runs the decoder (`DecodedStep`), and `head(step,
+allowed)` gives the logits (`StepLogits`), the rows the grammar narrowed to their allowed ids computing only
+those; the logits carry what refining them needs (`StepLogits.refine`). The engine settles its grammar masks
+between the two. Two decoders sit behind them: corral's own decoder for the Llama family
 (corral/server/models/llama_family.py, every row's tokens packed into one batch, KV attended in place) and
 transformers' model for every other architecture (rows padded into a shared forward over a slot cache).
 Both keep one KV region per slot, so the prefix cache (corral/server/engine/prefix_cache.py) serves both.
@@ -39,19 +42,59 @@ class ForwardRow:
     draft_allowed: Mapping[int, torch.Tensor] = field(default_factory=dict)  # {output: allowed ids} where few
 
 
+class _Decoder(Protocol):
+    """What refining a packed step's logits needs of corral's decoders."""
+
+    def refine(
+        self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int], screened: Any = None
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Refiner:
+    """What makes a step's rounded logits exact near each row's best: the decoder's head, the step's hidden
+    states and the rows its head screened."""
+
+    model: _Decoder
+    hidden: torch.Tensor
+    screened: Any = None
+
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        self.model.refine(logits, self.hidden, rows, depths, self.screened)
+
+
 @dataclass(frozen=True)
 class StepLogits:
-    """A step's float32 logits: `rows` [len(rows), V] after each row's last real token (masked as `forward`
-    says), `drafts` [sum of draft outputs, V] after each wanted draft place, in row order, exact near their best."""
+    """A step's float32 logits: `rows` [len(rows), V] after each row's last real token (rows with allowed ids
+    computed only there), `drafts` [sum of draft outputs, V] after each wanted draft place, in row order, exact
+    near their best."""
 
     rows: torch.Tensor
     drafts: torch.Tensor
     dense_rows: int = 0  # logit rows the head computed over the whole vocabulary (the step's costly part)
+    refiner: Refiner | None = None  # None: the logits are exact already (transformers' heads)
+
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+        """After masking `logits` (these `rows`, or the engine's view of them): recompute exactly, in place, the
+        given rows' logits near their best (down to the depths[i]-th) where the head rounds them
+        (corral/server/models/logit_refinement.py)."""
+        if self.refiner is not None:
+            self.refiner.refine(logits, rows, depths)
 
 
-# Called between the decoder and its head with the step's grammar masks settled: {row: allowed token ids}
-# for rows whose head may be restricted to those ids (every other id of such a row is forbidden).
-Restrict = Callable[[], Mapping[int, torch.Tensor]]
+@dataclass(frozen=True)
+class DecodedStep:
+    """A step's decoder output: the rows' and wanted draft places' hidden states (corral's decoder), or the
+    finished logits (transformers', whose head runs with its decoder)."""
+
+    rows: Sequence[ForwardRow]
+    hidden: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+# The step's grammar masks settled, for the head: {row: allowed token ids} for rows whose head may compute
+# only those ids (every other id of such a row is forbidden).
+Allowed = Mapping[int, torch.Tensor]
 
 
 class _Forward(Protocol):
@@ -61,9 +104,9 @@ class _Forward(Protocol):
     @property
     def restricts_head(self) -> bool: ...
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits: ...
+    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep: ...
 
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None: ...
+    def head(self, step: DecodedStep, allowed: Allowed) -> StepLogits: ...
 
 
 class ModelRunner:
@@ -84,30 +127,29 @@ class ModelRunner:
 
     @property
     def restricts_head(self) -> bool:
-        """Whether `forward` calls its `restrict` (else every row gets full logits, to be masked after)."""
+        """Whether `head` computes only the allowed ids of the rows it is given them for (else every row gets
+        full logits, to be masked after)."""
         return self._impl.restricts_head
 
     @torch.inference_mode()
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> torch.Tensor:
-        """Float32 logits [len(rows), V] for the last fed token of each row. Where `restricts_head`,
-        `restrict` is called once after the decoder, and the rows it names get only their allowed logits
-        (the rest -inf)."""
-        return self.forward_step(rows, restrict).rows
-
-    @torch.inference_mode()
-    def forward_step(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
-        """`forward`, with the logits after every draft token of the rows that feed one (`drafts`)."""
-        logits = self._impl.forward(rows, restrict)
+    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
+        """Feed each row's tokens (writing their KV); the step's hidden states, ready for `head`."""
+        step = self._impl.decode(rows)
         for row in rows:
             self.prefix.written(row.slot, row.start, row.tokens)
-        return logits
+        return step
 
     @torch.inference_mode()
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
-        """After masking the last forward's `logits`: recompute exactly, in place, the given rows' logits
-        near their best (down to the depths[i]-th) where the head rounds them
-        (corral/server/models/logit_refinement.py)."""
-        self._impl.refine(logits, rows, depths)
+    def head(self, step: DecodedStep, allowed: Allowed | None = None) -> StepLogits:
+        """The decoded step's logits, with those after every draft token of the rows that feed one (`drafts`).
+        Where `restricts_head`, the rows in `allowed` get only their allowed logits (the rest -inf)."""
+        return self._impl.head(step, allowed if allowed is not None and self.restricts_head else {})
+
+    def forward(self, rows: Sequence[ForwardRow], restrict: Callable[[], Allowed] | None = None) -> torch.Tensor:
+        """`decode` then `head`: float32 logits [len(rows), V] for the last fed token of each row. `restrict`,
+        if given, is asked once between the two for the rows to restrict (the engine's masks, in tests)."""
+        step = self.decode(rows)
+        return self.head(step, restrict() if restrict is not None and self.restricts_head else None).rows
 
 
 class PackedForward:
@@ -134,9 +176,8 @@ class PackedForward:
         # On CPU the vocabulary projection is most of a step, and a grammar often allows a few hundred of
         # its rows. On CUDA the whole projection is one cheap kernel; gathers per row would cost more.
         self.restricts_head = device.type == "cpu"
-        self._hidden: torch.Tensor | None = None
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
+    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
         counts = [len(r.tokens) for r in rows]
         starts = [r.start for r in rows]
         plan = self.cache.plan([r.slot for r in rows], starts, counts)
@@ -151,8 +192,12 @@ class PackedForward:
         if drafted:
             place = {position: i for i, position in enumerate(wanted)}
             states = states[torch.tensor([place[p] for p in mains + drafted], device=self.device)]
-        self._hidden = states  # for `refine`, which the engine calls once the step's masks are applied
-        allowed = dict(restrict()) if restrict is not None and self.restricts_head else {}
+        return DecodedStep(rows, hidden=states)
+
+    def head(self, step: DecodedStep, allowed: Allowed) -> StepLogits:
+        rows, states = step.rows, step.hidden
+        assert states is not None
+        allowed = dict(allowed)
         best_only = [i for i, r in enumerate(rows) if r.best_only]
         # One head for the rows and the draft places (a head's cost grows slower than its rows); the draft
         # places are settled at once: each is a greedy pick, needing its best logit exact.
@@ -162,14 +207,11 @@ class PackedForward:
             allowed.update({offset + i: ids for i, ids in row.draft_allowed.items()})
             dense += [offset + i for i in range(len(row.draft_outputs)) if i not in row.draft_allowed]
             offset += len(row.draft_outputs)
-        logits = self.model.restricted_logits(states, allowed, best_only + dense)
-        if drafted:
-            self.model.refine(logits, states, dense, [1] * len(dense))
-        return StepLogits(logits[: len(rows)], logits[len(rows) :], len(states) - len(allowed))
-
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
-        if self._hidden is not None:
-            self.model.refine(logits, self._hidden, rows, depths)
+        logits, screened = self.model.restricted_logits(states, allowed, best_only + dense)
+        refiner = Refiner(self.model, states, screened)
+        if dense:
+            refiner.refine(logits, dense, [1] * len(dense))
+        return StepLogits(logits[: len(rows)], logits[len(rows) :], len(states) - len(allowed), refiner)
 
 
 class TransformersForward:
@@ -205,7 +247,7 @@ class TransformersForward:
             device=self.device,
         )
 
-    def forward(self, rows: Sequence[ForwardRow], restrict: Restrict | None = None) -> StepLogits:
+    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
         if any(r.drafted for r in rows):
             raise ValueError("transformers' forward takes no drafts (ModelRunner.drafts is False)")
         out: list[torch.Tensor | None] = [None] * len(rows)
@@ -221,10 +263,12 @@ class TransformersForward:
         for i, row in enumerate(rows):
             if out[i] is None:
                 out[i] = self._run([row])[0]
-        return StepLogits(torch.stack([t for t in out if t is not None]), torch.zeros((0, 0)), len(rows))
+        return DecodedStep(rows, logits=torch.stack([t for t in out if t is not None]))
 
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
-        """transformers' heads return their logits unrounded (float32 on CPU): nothing to refine."""
+    def head(self, step: DecodedStep, allowed: Allowed) -> StepLogits:
+        """transformers' heads ran with the decoder and return their logits unrounded: nothing to refine."""
+        assert step.logits is not None
+        return StepLogits(step.logits, torch.zeros((0, 0)), len(step.rows))
 
     def _run(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
         lengths = [len(r.tokens) for r in rows]

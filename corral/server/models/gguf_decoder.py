@@ -165,10 +165,11 @@ class GgufDecoder(torch.nn.Module):
 
     def restricted_logits(
         self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor], best_only: Iterable[int] = ()
-    ) -> torch.Tensor:
-        """Float32 logits [B, vocab]; a row in `allowed` gets only those ids' logits (exact), the rest -inf."""
+    ) -> tuple[torch.Tensor, None]:
+        """Float32 logits [B, vocab]; a row in `allowed` gets only those ids' logits (exact), the rest -inf. No row
+        is screened (the second value, as `LlamaFamilyModel.restricted_logits` gives it)."""
         if not allowed:
-            return self.head(hidden)
+            return self.head(hidden), None
         batch = hidden.shape[0]
         logits = torch.full((batch, self.head.out_features), float("-inf"))
         full = [row for row in range(batch) if row not in allowed]
@@ -181,9 +182,11 @@ class GgufDecoder(torch.nn.Module):
         rows = torch.repeat_interleave(torch.tensor(keys, dtype=torch.long), counts)
         if len(columns):
             logits[rows, columns] = self.head.select(hidden, rows, columns)
-        return logits
+        return logits, None
 
-    def refine(self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+    def refine(
+        self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int], screened: None = None
+    ) -> None:
         """Each given row's logits near its best recomputed exactly (the product rounds its input to 8 bits)."""
         refine_near_top(self.head, logits, hidden, rows, depths)
 

@@ -168,7 +168,6 @@ class LlamaFamilyModel(torch.nn.Module):
         self.layer_steps = self._layer_graphs()
         screened = quantization == "fp16" and self.embed.device.type == "cpu" and head_screen_enabled()
         self.screens = self._head_screens(self.embed if head is None else head) if screened else None
-        self._screened: ScreenedRows | None = None
 
     @torch.inference_mode()
     def _head_screens(self, weight: torch.Tensor) -> HeadScreens:
@@ -272,21 +271,20 @@ class LlamaFamilyModel(torch.nn.Module):
 
     def restricted_logits(
         self, hidden: torch.Tensor, allowed: Mapping[int, torch.Tensor], best_only: Iterable[int] = ()
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, ScreenedRows | None]:
         """Float32 logits [B, vocab] where row r in `allowed` gets only its allowed token ids computed (the
         rest -inf, as its grammar mask would set them) and every other row the full projection; rows in
-        `best_only` (that need only their best token) the screen's, settled exactly by `refine`."""
+        `best_only` (that need only their best token) the screen's, settled exactly by `refine`, which takes the
+        screened rows returned beside the logits."""
         screened = [row for row in best_only if row not in allowed]
         screen = None if self.screens is None else self.screens.for_rows(len(screened))
         if screen is None:
             screened = []
-        self._screened = None
         if not allowed and not screened:
-            return self.head(hidden).float()
+            return self.head(hidden).float(), None
         batch = hidden.shape[0]
         logits = torch.full((batch, self.head.out_features), float("-inf"), device=hidden.device)
-        if screen is not None and screened:
-            self._screened = screen_rows(screen, hidden, screened, logits)
+        found = screen_rows(screen, hidden, screened, logits) if screen is not None and screened else None
         full = [row for row in range(batch) if row not in allowed and row not in screened]
         if full:
             index = torch.tensor(full, device=hidden.device)
@@ -297,15 +295,19 @@ class LlamaFamilyModel(torch.nn.Module):
         rows = torch.repeat_interleave(torch.tensor(keys, dtype=torch.long), counts).to(hidden.device)
         if len(columns):
             logits[rows, columns] = self.head.select(hidden, rows, columns).float()
-        return logits
+        return logits, found
 
-    def refine(self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+    def refine(
+        self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int],
+        screened_rows: ScreenedRows | None = None,
+    ) -> None:
         """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
         head's kernel rounds them (corral/server/models/logit_refinement.py); `hidden` gave `logits`. Screened rows
-        get their candidates' exact logits instead (corral/server/models/head_screen.py)."""
-        if self._screened is not None:
-            full = settle_screened(self.head, logits, hidden, self._screened, rows)
-            screened = set(self._screened.rows) - set(full)
+        (`restricted_logits` returned them) get their candidates' exact logits instead
+        (corral/server/models/head_screen.py)."""
+        if screened_rows is not None:
+            full = settle_screened(self.head, logits, hidden, screened_rows, rows)
+            screened = set(screened_rows.rows) - set(full)
             depths = [d for row, d in zip(rows, depths, strict=True) if row not in screened]
             rows = [row for row in rows if row not in screened]
         if isinstance(self.head, (SplitProjection, QuantizedProjection)):

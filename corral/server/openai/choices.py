@@ -13,7 +13,8 @@ from corral.server.engine.logprobs import TokenLogprob
 from corral.server.openai.finish import FinishReasonMode, finish_fields
 from corral.server.openai.logprobs import chat_logprobs, completion_logprobs, token_text
 from corral.server.openai.tools import chat_message
-from corral.server.serving import Finished, Prepared, Service
+from corral.server.prepared import Finished, Prepared
+from corral.server.serving import Service
 
 
 def expand(prepared: Prepared, n: int) -> list[Prepared]:
@@ -45,15 +46,19 @@ async def run_choices(service: Service, choices: list[Prepared]) -> list[Finishe
     return [task.result() for task in tasks]
 
 
-async def stream_choices(service: Service, choices: list[Prepared]) -> AsyncGenerator[tuple[int, SeqOutput]]:
-    """Every choice's engine outputs, as (choice index, output) in the order they come. Closing the iterator
-    (or a failure of one choice) aborts the choices still running; use it under `contextlib.aclosing`."""
-    queue: asyncio.Queue[tuple[int, SeqOutput] | BaseException | None] = asyncio.Queue()
+Streamed = tuple[int, SeqOutput, Finished | None]
+
+
+async def stream_choices(service: Service, choices: list[Prepared]) -> AsyncGenerator[Streamed]:
+    """Every choice's engine outputs, as (choice index, output, the finished answer with the last) in the order
+    they come. Closing the iterator (or a failure of one choice) aborts the choices still running; use it under
+    `contextlib.aclosing`."""
+    queue: asyncio.Queue[Streamed | BaseException | None] = asyncio.Queue()
 
     async def pump(index: int, prepared: Prepared) -> None:
         try:
-            async for out in service.stream(prepared):
-                queue.put_nowait((index, out))
+            async for out, done in service.stream(prepared):
+                queue.put_nowait((index, out, done))
             queue.put_nowait(None)
         except Exception as exc:  # handed to the consumer, which raises it
             queue.put_nowait(exc)

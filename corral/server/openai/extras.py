@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from corral.server.answer_metrics import failure_class
-from corral.server.serving import Finished
+from corral.server.prepared import Finished
 
 
 def response_extras(done: Finished) -> dict[str, Any]:

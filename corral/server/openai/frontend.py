@@ -6,7 +6,6 @@ constraint. Everything whose cost grows with the request runs on the service's p
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from corral.grammars.request import ConstraintRequest, parse_constraint
@@ -18,28 +17,39 @@ from corral.server.openai.fields import max_tokens_for
 from corral.server.openai.logprobs import requested_logprobs
 from corral.server.openai.protocol import ChatCompletionRequest, CompletionRequest, ConstraintFields, _Request
 from corral.server.openai.tools import ToolRequest, detect_format, parse_tools, tool_constraint
-from corral.server.serving import Prepared, Service
+from corral.server.prepared import Admission, Prepared, check_prompt_fits
+from corral.server.serving import Service
+from corral.server.settings import Settings
 
 
 class OpenAIFrontend:
-    def __init__(self, service: Service) -> None:
+    """Reads OpenAI requests for one `Service`: each request is one `prepare` call, its reading (whose cost grows
+    with the request) handed over to run on the service's prepare threads."""
+
+    def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
-        self.limits = service.settings.input_limits()  # request limits on constraints (corral/grammars/limits.py)
-        self.tool_format = detect_format(service.settings.tool_call_format, service.loaded.tokenizer)
+        self.settings = settings
+        self.limits = settings.input_limits()  # request limits on constraints (corral/grammars/limits.py)
+        self.tool_format = detect_format(settings.tool_call_format, service.tokenizer)
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
-        tools, prompt = await self.service.off_loop(self.chat_prompt, req)  # rendering grows with the request
-        return await self._prepare(req, prompt, tools, prompt_param="messages")
+        def build() -> Admission:
+            tools, prompt = self.chat_prompt(req)
+            return self._admission(req, prompt, tools, prompt_param="messages")
+
+        return await self.service.prepare(req.model, build, stream=bool(req.stream))
 
     async def prepare_completion(self, req: CompletionRequest) -> Prepared:
-        prompt = await self.service.off_loop(self.completion_prompt, req)
-        return await self._prepare(req, prompt, None, prompt_param="prompt")
+        def build() -> Admission:
+            return self._admission(req, self.completion_prompt(req), None, prompt_param="prompt")
+
+        return await self.service.prepare(req.model, build, stream=bool(req.stream))
 
     def chat_prompt(self, req: ChatCompletionRequest) -> tuple[ToolRequest | None, list[int]]:
         """The request's tools, and its messages (with tools, calls and results) as the chat template renders them."""
         tools = self.tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         try:
-            return tools, prompt_ids(self.service.loaded.tokenizer, req.messages, tools, self.tool_format)
+            return tools, prompt_ids(self.service.tokenizer, req.messages, tools, self.tool_format)
         except MessageError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
 
@@ -54,7 +64,7 @@ class OpenAIFrontend:
             text = req.prompt_text()
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from exc
-        ids = [int(t) for t in self.service.loaded.tokenizer.encode(text, add_special_tokens=True)]
+        ids = [int(t) for t in self.service.tokenizer.encode(text, add_special_tokens=True)]
         if not ids:  # a tokenizer without BOS gives "" no token, and the engine needs one to start from
             raise bad_request("prompt is empty: give at least one token of text", param="prompt")
         return ids
@@ -67,28 +77,19 @@ class OpenAIFrontend:
             constraint = tool_constraint(tools, constraint, self.tool_format)
         except InvalidConstraint as exc:
             raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
-        self.service.check_backend(constraint)
         return constraint
 
-    async def _prepare(
-        self, req: _Request, prompt: list[int], tools: ToolRequest | None, *, prompt_param: str
-    ) -> Prepared:
-        received = time.perf_counter()
-        self.service.admit(req.model, len(prompt), prompt_param=prompt_param)
-        constraint, params = await self.service.off_loop(self._admission, req, len(prompt), tools)
-        return await self.service.prepare(prompt, constraint, params, received)
-
     def _admission(
-        self, req: _Request, prompt_len: int, tools: ToolRequest | None
-    ) -> tuple[ConstraintRequest, SamplingParams]:
-        """The constraint (schema checks) and sampling parameters; runs off the event loop."""
-        return self.constraint(req, tools), self.sampling_params(req, prompt_len)
+        self, req: _Request, prompt: list[int], tools: ToolRequest | None, *, prompt_param: str
+    ) -> Admission:
+        """The prompt checked against the context, the constraint (schema checks) and sampling parameters."""
+        check_prompt_fits(len(prompt), self.service.max_len, param=prompt_param)
+        return Admission(prompt, self.constraint(req, tools), self.sampling_params(req, len(prompt)))
 
     def sampling_params(self, req: _Request, prompt_len: int) -> SamplingParams:
-        service = self.service
-        room = service.engine.max_len - prompt_len
+        room = self.service.max_len - prompt_len
         max_tokens = max_tokens_for(
-            req.max_completion_tokens, req.max_tokens, room=room, default=service.settings.default_max_tokens
+            req.max_completion_tokens, req.max_tokens, room=room, default=self.settings.default_max_tokens
         )
         logprobs, top_logprobs = requested_logprobs(req)
         return SamplingParams(
@@ -114,7 +115,7 @@ class OpenAIFrontend:
         )
 
     def _logit_bias(self, given: dict[str, float] | None) -> dict[int, float]:
-        vocab = self.service.loaded.vocab_size
+        vocab = self.service.vocab_size
         bias: dict[int, float] = {}
         for key, value in (given or {}).items():
             try:

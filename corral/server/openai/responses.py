@@ -12,13 +12,13 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from corral.server.errors import ApiError, error_body, guard_stream
+from corral.server.errors import ApiError, error_body
 from corral.server.openai.choices import choice_body, chunk_choice, expand, logprobs_body, run_choices, stream_choices
 from corral.server.openai.extras import response_extras
 from corral.server.openai.frontend import OpenAIFrontend
 from corral.server.openai.protocol import _Request
 from corral.server.openai.tools import ToolCallStream
-from corral.server.serving import Finished, Prepared, Service
+from corral.server.prepared import Finished, Prepared
 from corral.structured import Trip
 
 HUNG = str(Trip.HUNG_STEP)
@@ -34,19 +34,18 @@ async def respond(
     response_id = f"{prefix}-{prepared.request_id}"
     choices = expand(prepared, req.n)
     if req.stream:
-        service.check_capacity()  # a 429 must come before the stream's 200 headers
-        events = _stream(service, req, choices, response_id, created, chat)
+        events = _stream(frontend, req, choices, response_id, created, chat)
         # sse-starlette ends open streams at once on SIGTERM; the grace lets them finish within the drain.
         return EventSourceResponse(
-            guard_stream(events, service.metrics.internal_errors),
+            service.guarded(events),
             ping=15,
-            shutdown_grace_period=service.settings.shutdown_timeout_s,
+            shutdown_grace_period=frontend.settings.shutdown_timeout_s,
         )
     done = await run_choices(service, choices)
     hung = next((d for d in done if d.finish_reason == HUNG), None)
     if hung is not None:
         raise ApiError(503, hung.seq.error or "the engine hung", type_="server_error", code="engine_hung")
-    return JSONResponse(_final_body(service, done, response_id, created, chat))
+    return JSONResponse(_final_body(frontend, done, response_id, created, chat))
 
 
 def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
@@ -54,15 +53,16 @@ def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-def _final_body(service: Service, done: list[Finished], rid: str, created: int, chat: bool) -> dict[str, Any]:
-    tokenizer = service.loaded.tokenizer
+def _final_body(frontend: OpenAIFrontend, done: list[Finished], rid: str, created: int, chat: bool) -> dict[str, Any]:
+    service = frontend.service
+    tokenizer = service.tokenizer
     choices = [
         choice_body(
             i,
             d,
             chat=chat,
             logprobs=logprobs_body(d.seq.logprobs, d.prepared, tokenizer, chat=chat),
-            finish_mode=service.settings.finish_reasons,
+            finish_mode=frontend.settings.finish_reasons,
             extras=response_extras(d) if len(done) > 1 else None,
         )
         for i, d in enumerate(done)
@@ -79,14 +79,15 @@ def _final_body(service: Service, done: list[Finished], rid: str, created: int, 
 
 
 async def _stream(
-    service: Service, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
+    frontend: OpenAIFrontend, req: _Request, choices: list[Prepared], rid: str, created: int, chat: bool
 ) -> AsyncGenerator[str, None]:
+    service = frontend.service
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [choice]}
 
-    mode = service.settings.finish_reasons
+    mode = frontend.settings.finish_reasons
     # A tool-call answer's content stays null unless it turns out to be text; its calls go out as deltas.
     tool_streams = [ToolCallStream.of(p.constraint) if chat else None for p in choices]
     if chat:
@@ -96,9 +97,9 @@ async def _stream(
     streamed: list[list[int]] = [[] for _ in choices]  # token ids whose logprobs went out, per choice
     completion_tokens = 0
     async with aclosing(stream_choices(service, choices)) as outputs:
-        async for index, out in outputs:
+        async for index, out, done in outputs:
             prepared, tools = choices[index], tool_streams[index]
-            tokenizer = service.loaded.tokenizer
+            tokenizer = service.tokenizer
             logprobs = logprobs_body(out.logprobs, prepared, tokenizer, chat=chat, before=streamed[index])
             streamed[index] += [e.token for e in out.logprobs]
             if tools is not None:
@@ -110,7 +111,7 @@ async def _stream(
                     piece = chunk_choice(index, out.delta, None, chat=chat, finish_mode=mode, logprobs=logprobs)
                     yield json.dumps(chunk(piece))
                 continue
-            done = await service.off_loop(service.finish, prepared, out)
+            assert done is not None
             if done.finish_reason == HUNG:
                 error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
                 yield json.dumps(error)

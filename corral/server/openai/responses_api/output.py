@@ -21,7 +21,7 @@ from corral.server.openai.extras import response_extras
 from corral.server.openai.finish import FinishReason, openai_finish_reason
 from corral.server.openai.responses_api.request import ResponsesRequest
 from corral.server.openai.tools import chat_message
-from corral.server.serving import Finished, Prepared
+from corral.server.prepared import Finished, Prepared
 
 
 @dataclass(frozen=True)

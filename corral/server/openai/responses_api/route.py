@@ -8,7 +8,7 @@ import time
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from corral.server.errors import ApiError, guard_stream
+from corral.server.errors import ApiError
 from corral.server.openai.finish import FinishReason
 from corral.server.openai.frontend import OpenAIFrontend
 from corral.server.openai.responses_api.output import Outcome, finished_body, output_items, response_body
@@ -26,15 +26,14 @@ async def respond_responses(frontend: OpenAIFrontend, req: ResponsesRequest) -> 
         raise form.rename(exc) from exc
     base = response_body(req, f"resp_{prepared.request_id.replace('-', '')}", int(time.time()), service.model_name)
     if req.stream:
-        service.check_capacity()  # a 429 must come before the stream's 200 headers
         return EventSourceResponse(
-            guard_stream(response_events(service, prepared, base), service.metrics.internal_errors),
+            service.guarded(response_events(service, prepared, base)),
             ping=15,
-            shutdown_grace_period=service.settings.shutdown_timeout_s,
+            shutdown_grace_period=frontend.settings.shutdown_timeout_s,
         )
     done = await service.run(prepared)
     if done.finish_reason == FinishReason.HUNG_STEP:
         raise ApiError(503, done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
     outcome = Outcome.of(done)
-    output = output_items(done, outcome, service.loaded.tokenizer)
+    output = output_items(done, outcome, service.tokenizer)
     return JSONResponse(finished_body(base, done, outcome, output))

@@ -31,7 +31,8 @@ from corral.server.openai.responses_api.output import (
     text_part,
 )
 from corral.server.openai.tools import ToolCallStream
-from corral.server.serving import Finished, Prepared, Service
+from corral.server.prepared import Finished, Prepared
+from corral.server.serving import Service
 
 Event = tuple[str, dict[str, Any]]  # (type, fields)
 
@@ -152,10 +153,10 @@ async def response_events(
     yield event("response.in_progress", {"response": base})
     items = StreamedItems()
     tools = ToolCallStream.of(prepared.constraint)
-    tokenizer = service.loaded.tokenizer
+    tokenizer = service.tokenizer
     done: Finished | None = None
     async with aclosing(stream_choices(service, [prepared])) as outputs:
-        async for _, out in outputs:
+        async for _, out, finished in outputs:
             delta = out.delta or ""
             pieces = tools.feed(delta, final=out.finished) if tools else [{"content": delta}]
             logprobs = text_logprobs(out.logprobs, prepared, tokenizer)
@@ -163,7 +164,7 @@ async def response_events(
                 for kind, fields in items.on_piece(piece, logprobs):
                     yield event(kind, fields)
             if out.finished:
-                done = await service.off_loop(service.finish, prepared, out)
+                done = finished
     assert done is not None
     if done.finish_reason == FinishReason.HUNG_STEP:
         error = error_body(done.seq.error or "the engine hung", type_="server_error", code="engine_hung")
