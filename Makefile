@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install -c constraints.txt -e '.[bench,dev]'
 	$(BIN)/pip install -c constraints.txt --no-deps instructor  # see the dev extra in pyproject.toml
 	# The ggml extra builds ggml with the C compiler (~1 min on 2 cores). Without it corral runs the same, decode
-	# steps of few rows slower (corral/server/models/row_kernel.py). llamafile's tinyBLAS is switched on, as llama.cpp
+	# steps of few rows slower (corral/kernels/row_kernel.py). llamafile's tinyBLAS is switched on, as llama.cpp
 	# builds it (the package leaves it off): its tiles multiply several rows ~20 % faster on AVX2. Not from pip's
 	# cache, whose wheel may have been built without it.
 	CMAKE_ARGS="-DGGML_LLAMAFILE=ON" $(BIN)/pip install -c constraints.txt --no-cache-dir --force-reinstall \

@@ -38,6 +38,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _default_kernels() -> Iterator[None]:
+    """Each test starts and ends with the default CPU kernels (corral/kernels/choice.py): the choice is
+    process-wide, and a test that loads a model with another (head_screen=False) must not leave it behind."""
+    from corral.kernels.choice import KernelOptions, use_kernels
+
+    use_kernels(KernelOptions())
+    yield
+    use_kernels(KernelOptions())
+
+
 def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) -> None:
     """Step `engine` until every one of `seqs` has finished; fails after `max_steps` steps."""
     for _ in range(max_steps):

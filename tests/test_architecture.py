@@ -20,9 +20,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("constraints", ("corral.grammars",)),
     ("grammar engines", ("corral.grammar_engines",)),
     (
-        "models and server support",
+        "models, kernels and server support",
         (
             "corral.server.models",
+            "corral.kernels",
             "corral.server.settings",
             "corral.server.errors",
             "corral.server.request_context",
@@ -189,7 +190,7 @@ CLASS_LIMIT = 250
 NOT_YET_SPLIT = {
     "corral/grammar_engines/sandbox.py:CompileSandbox": 265,
     "corral/mediation/mediator.py:Mediator": 260,
-    "corral/server/models/ggml_step_graph.py:_StepGraph": 253,
+    "corral/kernels/ggml_step_graph.py:_StepGraph": 253,
 }
 
 
@@ -263,3 +264,20 @@ def test_no_module_reaches_through_the_service() -> None:
         if pattern.search(line)
     ]
     assert not reaching, reaching
+
+
+# Reading the environment is the settings' job (every CORRAL_ variable is a flag there). The exceptions: glibc's
+# own MALLOC_ARENA_MAX, which corral must not override (memory.py), and the startup benchmark, which hands the
+# server process it starts an empty cache directory through that server's own settings.
+ENVIRONMENT_READERS = {"corral.server.settings", "corral.server.memory", "corral.benchmarks.startup.cli"}
+
+
+def test_no_environment_read_outside_settings() -> None:
+    reading = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            reads = (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+                     and isinstance(node.value, ast.Name) and node.value.id == "os")
+            if reads and name not in ENVIRONMENT_READERS:
+                reading.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not reading, reading

@@ -29,6 +29,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "quantization",
         "revision_token",
         "torch_threads",
+        "row_kernel",
+        "head_screen",
     ),
     "engine": (
         "max_batch",
@@ -114,6 +116,16 @@ class Settings(BaseSettings):
         "gguf (a GGUF's own 4-8-bit blocks, memory-mapped, every step on ggml, as llama.cpp serves it; needs the "
         "ggml extra); the float modes convert a GGUF once into a checkpoint; none keeps the serving dtype; auto: "
         "gguf for a GGUF (the built-ins, FILE.gguf; fp16 without ggml), else none",
+    )
+    row_kernel: Literal["ggml", "products", "torch"] = Field(
+        "ggml",
+        description="CPU kernels of corral's decoder for steps of few rows: ggml (fp16 products and whole decode "
+        "steps on ggml, where the ggml extra is installed), products (ggml for the products only), torch (no "
+        "ggml); the last two for comparisons",
+    )
+    head_screen: bool = Field(
+        True, description="greedy rows' fp16 head through an integer screen with exact error bounds (off: "
+        "every row through the fp16 head, for comparisons)"
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
     revision_token: str | None = Field(
@@ -254,3 +266,11 @@ def default_cpu_threads() -> int:
     """All cores but one: the engine thread's torch ops leave a core to the mask thread and HTTP (measured on
     2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1)."""
     return max(1, (os.cpu_count() or 2) - 1)
+
+
+def cache_dir() -> Path:
+    """Where corral keeps what it builds once (reassembled built-in models, the tiny test model, GGUF headers):
+    `$CORRAL_CACHE_DIR`, else ~/.cache/corral. Read from the environment, not a flag: tests, benchmarks and
+    `docker build` build models before any server's settings exist."""
+    env = os.environ.get("CORRAL_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "corral"

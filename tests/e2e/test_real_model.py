@@ -18,9 +18,9 @@ import pytest
 from conftest import RunningServer, serving
 from pydantic import BaseModel, ConfigDict
 
+from corral.kernels.head_screen import exact_product
+from corral.kernels.row_kernel import layer_graphs_available
 from corral.mediation import Mediator, OutputSchema
-from corral.server.models.head_screen import exact_product
-from corral.server.models.row_kernel import layer_graphs_available
 
 MODEL = "gemma-3-270m"
 
@@ -144,7 +144,7 @@ def test_models_names_the_real_model(gemma: RunningServer) -> None:
         assert 240e6 < model["weight_bytes"] < 250e6
         return
     # Without ggml, fp16: two bytes a weight for the projections (268,042,240 of its 268,098,176 weights; the rest
-    # are norms); the head screened in 8 bits where fbgemm's sums are exact (corral/server/models/screens.py).
+    # are norms); the head screened in 8 bits where fbgemm's sums are exact (corral/kernels/screens.py).
     assert (model["dtype"], model["quantization"]) == ("float32", "fp16")
     vocab, width = 262_144, 640
     head = vocab * (width + 4 + 4 * 16) if exact_product(width) else 2 * vocab * width

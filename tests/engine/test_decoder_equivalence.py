@@ -18,9 +18,9 @@ import pytest
 import torch
 from small_llama_configs import CONFIGS, VOCAB, gemma3_config, llama3_config, mistral_config
 
+from corral.kernels import projection, split_projection
 from corral.server.engine.model_runner import ForwardRow, ModelRunner
 from corral.server.engine.prefix_cache import BLOCK_SIZE
-from corral.server.models import projection, split_projection
 from corral.server.models.decoder_config import rope_frequencies, unsupported_reason
 from corral.server.models.llama_family import LlamaFamilyModel, load_llama_family
 from corral.server.models.loading import LoadedModel

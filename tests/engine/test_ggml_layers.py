@@ -1,4 +1,4 @@
-"""Steps of few tokens through ggml graphs (corral/server/models/ggml_layers.py) give the logits of the same fp16
+"""Steps of few tokens through ggml graphs (corral/kernels/ggml_layers.py) give the logits of the same fp16
 model computed op by op in torch (its products on the same ggml kernels), on every decoder variant the family
 has: biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), scaled RoPE (Llama 3.1), sliding windows, Gemma's
 sandwich norms, GELU gate and two RoPE tables. Steps of few tokens a row run the one-graph decoder with ggml's
@@ -18,16 +18,16 @@ import torch
 from small_llama_configs import CONFIGS as ALL_CONFIGS
 from small_llama_configs import VOCAB, qwen3_config
 
+from corral.kernels.choice import KernelOptions, use_kernels
+from corral.kernels.ggml_layers import GgmlLayerSteps
+from corral.kernels.row_kernel import LAYER_MAX_ROWS, layer_graphs_available
 from corral.server.engine.model_runner import ForwardRow, ModelRunner
-from corral.server.models.ggml_layers import GgmlLayerSteps
 from corral.server.models.llama_family import LlamaFamilyModel, load_llama_family
 from corral.server.models.loading import LoadedModel
-from corral.server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, layer_graphs_available
 
 pytestmark = pytest.mark.skipif(
     not layer_graphs_available(),
-    reason="ggml layer graphs are off: the ggml extra is not installed (pip install -e '.[ggml]') or "
-    "CORRAL_ROW_KERNEL says torch/products",
+    reason="ggml layer graphs are off: the ggml extra is not installed (pip install -e '.[ggml]')",
 )
 
 # The decoder variants of the equivalence tests, Mistral with its sliding window only (its plain form adds nothing).
@@ -149,11 +149,11 @@ def test_layer_graphs_give_the_torch_path_logits(name: str, tmp_path: Path) -> N
     assert pair.worst > 0.0  # the graphs did run (ggml's roundings differ from torch's order somewhere)
 
 
-def test_products_switch_keeps_the_layers_in_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SWITCH_ENV, "products")
+def test_products_switch_keeps_the_layers_in_torch(tmp_path: Path) -> None:
+    use_kernels(KernelOptions(row_kernel="products"))  # tests/conftest.py restores the default after
     model = _fp16_model(qwen3_config(), tmp_path)
     assert model.layer_steps is None
-    monkeypatch.setenv(SWITCH_ENV, "torch")
+    use_kernels(KernelOptions(row_kernel="torch"))
     assert load_llama_family(tmp_path, model.config, torch.float32, torch.device("cpu"), "fp16").layer_steps is None
 
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from gguf_models import VOCAB, write_small_gguf
 
+from corral.kernels.row_kernel import layer_graphs_available
 from corral.server.engine.model_runner import ForwardRow, ModelRunner
 from corral.server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
 from corral.server.models.loading import LoadedModel
-from corral.server.models.row_kernel import layer_graphs_available
 
 pytestmark = pytest.mark.skipif(
     not layer_graphs_available(),

@@ -1,6 +1,6 @@
 """The integer screens in front of the fp16 head (fbgemm's for several rows, ggml's blocks for one): their bounds
 hold, a screened greedy row picks what the fp16 head picks (under any mask), and the engine's greedy answers are
-the same with and without them (corral/server/models/head_screen.py, block_screen.py, screens.py)."""
+the same with and without them (corral/kernels/head_screen.py, block_screen.py, screens.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from corral.grammar_engines.compilation import GrammarCache
 from corral.grammar_engines.protocol import TokenizerSpec
 from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
+from corral.kernels import head_screen
+from corral.kernels.block_screen import BlockScreen, block_screen_available, q8_0_blocks
+from corral.kernels.head_screen import HeadScreen, Screen, exact_product, screen_rows, settle_screened
+from corral.kernels.quantized_projection import fbgemm_available
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from corral.server.models import head_screen, load_model
-from corral.server.models.block_screen import BlockScreen, block_screen_available, q8_0_blocks
-from corral.server.models.head_screen import SWITCH_ENV, HeadScreen, Screen, exact_product, screen_rows, settle_screened
-from corral.server.models.quantized_projection import fbgemm_available
+from corral.server.models import load_model
 
 pytestmark = pytest.mark.skipif(not fbgemm_available(), reason="the screens run beside fbgemm (x86 torch only)")
 
@@ -149,10 +150,9 @@ def test_without_its_bounds_the_screen_picks_wrong_tokens(
     assert wrong > 0
 
 
-def _greedy_answers(monkeypatch: pytest.MonkeyPatch, screen: str, together: bool) -> tuple[list[str], bool]:
+def _greedy_answers(screen: str, together: bool) -> tuple[list[str], bool]:
     """Four requests' greedy answers, run together (steps of several rows) or one after another (of one)."""
-    monkeypatch.setenv(SWITCH_ENV, screen)
-    loaded = load_model("corral-tiny", device="cpu", quantization="fp16")
+    loaded = load_model("corral-tiny", device="cpu", quantization="fp16", head_screen=screen != "off")
     model = loaded.model
     screens = getattr(model, "screens", None)
     used = screens is not None and screens.for_rows(1 if not together else 2) is not None
@@ -183,7 +183,7 @@ def _greedy_answers(monkeypatch: pytest.MonkeyPatch, screen: str, together: bool
 @pytest.mark.parametrize("kind", SCREENS)
 def test_greedy_answers_are_the_same_with_and_without_the_screen(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     together = kind == "several"
-    screened, used = _greedy_answers(monkeypatch, "on", together)
-    plain, unused = _greedy_answers(monkeypatch, "off", together)
+    screened, used = _greedy_answers("on", together)
+    plain, unused = _greedy_answers("off", together)
     assert used and not unused
     assert screened == plain

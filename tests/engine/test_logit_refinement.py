@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from corral.server.models.logit_refinement import REFINE_MAX_PER_ROW, REFINE_RELATIVE_MARGIN, near_top, refine_near_top
-from corral.server.models.quantized_projection import QuantizedProjection
+from corral.kernels.logit_refinement import REFINE_MAX_PER_ROW, REFINE_RELATIVE_MARGIN, near_top, refine_near_top
+from corral.kernels.quantized_projection import QuantizedProjection
 
 
 def test_near_top_names_each_row_s_finite_logits_within_rounding_distance_of_its_best() -> None:

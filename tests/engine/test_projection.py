@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from corral.server.models import projection
-from corral.server.models.projection import Projection
+from corral.kernels import projection
+from corral.kernels.projection import Projection
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 

@@ -9,15 +9,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from corral.server.models import split_projection
-from corral.server.models.quantized_projection import (
+from corral.kernels import split_projection
+from corral.kernels.quantized_projection import (
     INT4_GROUP,
     QuantizedProjection,
     head_quantization,
     layer_quantization,
     quantizable,
 )
-from corral.server.models.split_projection import SplitProjection, head_projection
+from corral.kernels.split_projection import SplitProjection, head_projection
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""fp16 products of a few rows through ggml (corral/server/models/row_kernel.py): the same product as fbgemm's within
+"""fp16 products of a few rows through ggml (corral/kernels/row_kernel.py): the same product as fbgemm's within
 the fp16 rounding of the input, for up to four rows in a layer and one in the head, off where the switch says
 torch."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corral.server.models.quantized_projection import QuantizedProjection
-from corral.server.models.row_kernel import LAYER_MAX_ROWS, SWITCH_ENV, RowKernel, llamafile_built, row_kernel_available
-from corral.server.models.split_projection import SplitProjection
+from corral.kernels.choice import KernelOptions, use_kernels
+from corral.kernels.quantized_projection import QuantizedProjection
+from corral.kernels.row_kernel import LAYER_MAX_ROWS, RowKernel, llamafile_built, row_kernel_available
+from corral.kernels.split_projection import SplitProjection
 
 pytestmark = pytest.mark.skipif(
     not row_kernel_available(),
-    reason="ggml is off: the ggml extra is not installed (pip install -e '.[ggml]') or CORRAL_ROW_KERNEL=torch",
+    reason="ggml is off: the ggml extra is not installed (pip install -e '.[ggml]')",
 )
 
 
@@ -94,8 +95,8 @@ def test_the_head_takes_one_row_through_ggml_in_one_call() -> None:
     torch.testing.assert_close(exact, (one @ weight.half().float().T)[0, [7, 4999]], rtol=0, atol=1e-5)
 
 
-def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SWITCH_ENV, "torch")
+def test_the_switch_turns_it_off() -> None:
+    use_kernels(KernelOptions(row_kernel="torch"))  # --row-kernel torch (tests/conftest.py restores the default)
     assert not row_kernel_available()
     weight = _weight(300, 128, seed=5)
     projection = QuantizedProjection(weight, None, "fp16", keep_rows=False, row_kernel=True)

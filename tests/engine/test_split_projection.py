@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from corral.server.models.projection import Projection
-from corral.server.models.split_projection import SplitProjection, head_projection
+from corral.kernels.projection import Projection
+from corral.kernels.split_projection import SplitProjection, head_projection
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_a_slice_taken_by_another_thread_writes_the_callers_output(inference: bo
     """The engine steps under torch.inference_mode, which is per thread: the helper must match it."""
     import threading
 
-    from corral.server.models.split_projection import _Slices
+    from corral.kernels.split_projection import _Slices
 
     weight = torch.randn(9_001, 64)  # slices above the packing threshold, like the whole
     split = SplitProjection(weight)

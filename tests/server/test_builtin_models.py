@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from corral.kernels.row_kernel import layer_graphs_available
 from corral.server.models import ModelLoadError, load_model
 from corral.server.models.build_cache import MARKER, cached_build, is_complete
-from corral.server.models.row_kernel import layer_graphs_available
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -276,8 +276,8 @@ def test_model_impl_corral_refuses_other_architectures(tmp_path: Path, cache_roo
 @pytest.mark.parametrize("quantization", ["int8", "int4", "w8a8", "fp16", "fp16-w8a8"])
 def test_quantized_decoder_tracks_the_float_one(cache_root: Path, default: LoadedModel, quantization: str) -> None:
     """Weight-only quantization changes the logits by rounding only: the same most likely tokens, close values."""
+    from corral.kernels.quantized_projection import QuantizedProjection
     from corral.server.engine.model_runner import ForwardRow, ModelRunner
-    from corral.server.models.quantized_projection import QuantizedProjection
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_CACHE_DIR", str(cache_root))

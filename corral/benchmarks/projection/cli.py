@@ -12,7 +12,7 @@ def add_projection_parser(sub: argparse._SubParsersAction[argparse.ArgumentParse
     with bench_command(
         sub, "projection", run_projection,
         help="CPU cost of the model's linear projections: oneDNN-packed weights against F.linear",
-        description="Times corral.server.models.projection.Projection (the weight reordered once for oneDNN, as the "
+        description="Times corral.kernels.projection.Projection (the weight reordered once for oneDNN, as the "
         "corral model path serves it on CPU) against F.linear (MKL) per weight shape, dtype and row count, in "
         "CPU ms of the calling thread with torch on one thread. Rows where Projection keeps F.linear (small "
         "weights, one float32 row through a short input axis) say so. Prints a table, writes "

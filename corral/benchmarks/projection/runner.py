@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from corral.benchmarks.timing_report import cpu_ms, speedup_of
-from corral.server.models.projection import Projection
+from corral.kernels.projection import Projection
 
 DEFAULT_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("default model head", 128_257, 64),

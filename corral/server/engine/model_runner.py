@@ -77,7 +77,7 @@ class StepLogits:
     def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
         """After masking `logits` (these `rows`, or the engine's view of them): recompute exactly, in place, the
         given rows' logits near their best (down to the depths[i]-th) where the head rounds them
-        (corral/server/models/logit_refinement.py)."""
+        (corral/kernels/logit_refinement.py)."""
         if self.refiner is not None:
             self.refiner.refine(logits, rows, depths)
 

@@ -55,7 +55,7 @@ class SamplingParams:
     def best_only(self) -> bool:
         """Only the highest logit's token matters: greedy, with no logprobs reported and nothing added to the
         logits (penalties, biases), so the head need not give every logit exactly
-        (corral/server/models/head_screen.py)."""
+        (corral/kernels/head_screen.py)."""
         return self.greedy and not self.logprobs and not self.penalized and not self.logit_bias
 
     @property

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from corral.server.models.decode_layout import DecodeLayout, LongRow, StepRows
+from corral.kernels.decode_layout import DecodeLayout, LongRow, StepRows
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class InPlaceKVCache:
     def decode_layout(self) -> DecodeLayout | None:
         """The bound step's layout when every row feeds at most SHORT_ROW_MAX tokens (a decode step, forced
         tokens and short prompts included; rows in any slots), else None. ggml's one-graph decoder
-        (corral/server/models/ggml_layers.py) attends such a step over this cache's buffers itself."""
+        (corral/kernels/ggml_layers.py) attends such a step over this cache's buffers itself."""
         plan = self._plan
         if plan is None or plan.multi or plan.decode_slots is None or plan.decode_query is None:
             return None

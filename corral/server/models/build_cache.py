@@ -19,15 +19,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from corral.server.settings import cache_dir
+
 logger = logging.getLogger(__name__)
 
 MARKER = "corral-build.json"
 
 
 def cache_root() -> Path:
-    """`$CORRAL_CACHE_DIR`, else ~/.cache/corral."""
-    env = os.environ.get("CORRAL_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "corral"
+    """Where built models are kept (corral/server/settings.py `cache_dir`)."""
+    return cache_dir()
 
 
 def is_complete(model_dir: Path) -> bool:

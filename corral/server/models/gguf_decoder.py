@@ -2,7 +2,7 @@
 
 The file is memory-mapped (corral/server/models/gguf_file.py) and its weights go to ggml's quantized products where
 they lie: no float copy on disk or in memory, and every step size (a decode token, forced tokens, a prompt
-chunk) runs as one graph (corral/server/models/ggml_step_graph.py). The head multiplies the file's output weight (or
+chunk) runs as one graph (corral/kernels/ggml_step_graph.py). The head multiplies the file's output weight (or
 the tied embedding) the same way; a grammar-restricted row computes its allowed logits exactly from the
 weight's decoded rows, and full rows' best logits are recomputed so (`refine`), so both kinds of row see the
 same values where a pick is decided.
@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from corral.kernels.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
+from corral.kernels.ggml_step_graph import Embedding, StepGraphs
+from corral.kernels.logit_refinement import refine_near_top
+from corral.kernels.row_kernel import RowKernel
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
-from corral.server.models.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
-from corral.server.models.ggml_step_graph import Embedding, StepGraphs
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
-from corral.server.models.logit_refinement import refine_near_top
-from corral.server.models.row_kernel import RowKernel
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class GgufDecoder(torch.nn.Module):
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any) -> torch.Tensor:
         """Each row's last token's final-normed hidden state [B, hidden]; `attend` is the KV cache, whose layout
-        the graphs read and write in place (corral/server/models/decode_layout.py)."""
+        the graphs read and write in place (corral/kernels/decode_layout.py)."""
         return self.graphs.hidden(input_ids, positions, last, attend)
 
     def forward(

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from corral.kernels.row_kernel import ggml_modules
 from corral.server.models.gguf_header import GGUFHeaderError, TensorInfo, read_tensor_index
-from corral.server.models.row_kernel import ggml_modules
 
 _F32, _F16 = 0, 1
 

@@ -25,24 +25,24 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from corral.server.models.checkpoint import iter_tensors
-from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies
-from corral.server.models.ggml_graph_parts import StepShape
-from corral.server.models.ggml_layers import GgmlLayerSteps
-from corral.server.models.head_screen import ScreenedRows, head_screen_enabled, screen_rows, settle_screened
-from corral.server.models.layer_kernels import layer_parts
-from corral.server.models.logit_refinement import refine_near_top
-from corral.server.models.projection import Projection
-from corral.server.models.quantized_projection import (
+from corral.kernels.ggml_graph_parts import StepShape
+from corral.kernels.ggml_layers import GgmlLayerSteps
+from corral.kernels.head_screen import ScreenedRows, head_screen_enabled, screen_rows, settle_screened
+from corral.kernels.layer_kernels import layer_parts
+from corral.kernels.logit_refinement import refine_near_top
+from corral.kernels.projection import Projection
+from corral.kernels.quantized_projection import (
     Quantization,
     QuantizedProjection,
     head_quantization,
     layer_quantization,
     quantizable,
 )
-from corral.server.models.row_kernel import LAYER_MAX_ROWS, layer_graphs_available
-from corral.server.models.screens import HeadScreens, head_screens
-from corral.server.models.split_projection import SplitProjection, head_projection
+from corral.kernels.row_kernel import LAYER_MAX_ROWS, layer_graphs_available
+from corral.kernels.screens import HeadScreens, head_screens
+from corral.kernels.split_projection import SplitProjection, head_projection
+from corral.server.models.checkpoint import iter_tensors
+from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def _projection(
 ) -> Projection | QuantizedProjection:
     if quantizable(weight, quantization):
         # Nothing selects a layer's rows; steps of few tokens may go to ggml's kernel
-        # (corral/server/models/row_kernel.py).
+        # (corral/kernels/row_kernel.py).
         return QuantizedProjection(weight, bias, quantization, keep_rows=False, row_kernel=True)
     return Projection(weight, bias)
 
@@ -66,7 +66,7 @@ class _Layer(torch.nn.Module):
     def __init__(
         self, weights: dict[str, torch.Tensor], shape: DecoderShape, quantization: Quantization
     ) -> None:
-        """fp16 projections keep an fp16 copy on ggml for steps of few tokens (corral/server/models/row_kernel.py)."""
+        """fp16 projections keep an fp16 copy on ggml for steps of few tokens (corral/kernels/row_kernel.py)."""
         super().__init__()
 
         def param(t: torch.Tensor) -> torch.nn.Parameter:
@@ -139,7 +139,7 @@ class LlamaFamilyModel(torch.nn.Module):
     ) -> None:
         """ropes: per layer type, its RoPE inverse frequencies and cos/sin scale (rope_frequencies).
         quantization: the projections' and head's weight-only quantization
-        (corral/server/models/quantized_projection.py)."""
+        (corral/kernels/quantized_projection.py)."""
         if quantization == "gguf":
             raise ValueError("--quantization gguf serves a GGUF from its blocks (corral/server/models/gguf_decoder.py)")
         super().__init__()
@@ -171,7 +171,7 @@ class LlamaFamilyModel(torch.nn.Module):
 
     @torch.inference_mode()
     def _head_screens(self, weight: torch.Tensor) -> HeadScreens:
-        """The screens for rows that need only their best token (corral/server/models/screens.py)."""
+        """The screens for rows that need only their best token (corral/kernels/screens.py)."""
 
         def hidden_of(ids: torch.Tensor, attend: Attend) -> torch.Tensor:
             every = torch.arange(len(ids))
@@ -181,7 +181,7 @@ class LlamaFamilyModel(torch.nn.Module):
 
     def _layer_graphs(self) -> GgmlLayerSteps | None:
         """ggml graphs for the layers of steps of few tokens, where every projection has a ggml row kernel (fp16
-        with the `ggml` extra) and the switch allows them (corral/server/models/row_kernel.py)."""
+        with the `ggml` extra) and the switch allows them (corral/kernels/row_kernel.py)."""
         if not layer_graphs_available():
             return None
         s = self.shape
@@ -302,9 +302,9 @@ class LlamaFamilyModel(torch.nn.Module):
         screened_rows: ScreenedRows | None = None,
     ) -> None:
         """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
-        head's kernel rounds them (corral/server/models/logit_refinement.py); `hidden` gave `logits`. Screened rows
+        head's kernel rounds them (corral/kernels/logit_refinement.py); `hidden` gave `logits`. Screened rows
         (`restricted_logits` returned them) get their candidates' exact logits instead
-        (corral/server/models/head_screen.py)."""
+        (corral/kernels/head_screen.py)."""
         if screened_rows is not None:
             full = settle_screened(self.head, logits, hidden, screened_rows, rows)
             screened = set(screened_rows.rows) - set(full)

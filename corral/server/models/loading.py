@@ -9,6 +9,9 @@ from typing import Any
 
 import torch
 
+from corral.kernels.choice import KernelOptions, RowKernel, use_kernels
+from corral.kernels.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
+from corral.kernels.row_kernel import layer_graphs_available
 from corral.server.models.builtin import UnresolvedModel, resolve_model
 from corral.server.models.checkpoint_meta import (
     ModelLoadError,
@@ -21,8 +24,6 @@ from corral.server.models.checkpoint_meta import (
     read_revision_token_id,
     read_stop_token_ids,
 )
-from corral.server.models.quantized_projection import FBGEMM_MODES, QUANTIZATIONS, Quantization, fbgemm_available
-from corral.server.models.row_kernel import layer_graphs_available
 
 AUTO_QUANTIZATION: Quantization = "fp16"
 AUTO_WITHOUT_FBGEMM: Quantization = "int8"  # torch's own kernel, in every CPU build
@@ -51,7 +52,7 @@ class LoadedModel:
     dtype: torch.dtype
     impl: str = "transformers"  # which decoder runs it: "corral" (corral/server/models/llama_family.py) or
     "transformers"
-    quantization: str = "none"  # the decoder's quantization (corral/server/models/quantized_projection.py)
+    quantization: str = "none"  # the decoder's quantization (corral/kernels/quantized_projection.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class ModelOptions:
     model_impl: str = "auto"
     chat_template: Path | None = None
     quantization: str = "auto"
+    row_kernel: RowKernel = "ggml"
+    head_screen: bool = True
 
 
 def load_model(
@@ -75,6 +78,8 @@ def load_model(
     model_impl: str = "auto",
     chat_template: Path | None = None,
     quantization: str = "auto",
+    row_kernel: RowKernel = "ggml",
+    head_screen: bool = True,
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer. `model`: a built-in name (corral/server/models/builtin.py; None is the
     default), a local checkpoint directory, or a .gguf file.
@@ -82,8 +87,10 @@ def load_model(
     model_impl: "corral" (the Llama family and Gemma 3), "transformers", or "auto" (corral when it supports the
     architecture). chat_template: a Jinja file that replaces the model's own template. quantization: "gguf" (a
     GGUF served from its own blocks on ggml, every step: corral/server/models/gguf_decoder.py), "none", "int8", "int4",
-    "w8a8", "fp16" or "fp16-w8a8" (corral/server/models/quantized_projection.py, over a checkpoint of dequantized
-    weights for a GGUF), or "auto": gguf for a GGUF on CPU (fp16 without ggml), none for a checkpoint."""
+    "w8a8", "fp16" or "fp16-w8a8" (corral/kernels/quantized_projection.py, over a checkpoint of dequantized
+    weights for a GGUF), or "auto": gguf for a GGUF on CPU (fp16 without ggml), none for a checkpoint.
+    row_kernel, head_screen: the CPU kernels its steps use (corral/kernels/choice.py)."""
+    use_kernels(KernelOptions(row_kernel, head_screen))
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = read_chat_template(chat_template) if chat_template is not None else None

@@ -1,6 +1,6 @@
 """Exact values for the logits that decide a step, where the head's kernel rounds its outputs.
 
-torch's int8 and int4 weight-only kernels (corral/server/models/quantized_projection.py) accumulate in float32 but
+torch's int8 and int4 weight-only kernels (corral/kernels/quantized_projection.py) accumulate in float32 but
 return bfloat16, whose 8-bit significand holds a logit to within 2^-8 of its size (measured on Gemma 3 270M's
 head: at most 0.0039 relative). Two tokens closer than that come out equal or swapped, and a greedy pick
 then falls to the lower token id instead of the model's choice. Seen on `corral bench quality`'s order task:

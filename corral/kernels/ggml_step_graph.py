@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from corral.server.models.decode_layout import DecodeCache, DecodeLayout, LongRow
-from corral.server.models.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
-from corral.server.models.row_kernel import GraphPlan, cpu_buffer_type, ggml_modules
+from corral.kernels.decode_layout import DecodeCache, DecodeLayout, LongRow
+from corral.kernels.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
+from corral.kernels.row_kernel import GraphPlan, cpu_buffer_type, ggml_modules
 
 _MIN_KEY_BUCKET = 64
 _MASK_PAD = 32  # flash attention's masks cover the queries rounded up to this (GGML_KQ_MASK_PAD)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from corral.server.models.row_kernel import LAYER_MAX_ROWS, RowKernel, row_kernel_available
+from corral.kernels.row_kernel import LAYER_MAX_ROWS, RowKernel, row_kernel_available
 
 # gguf: a GGUF's own blocks on ggml (corral/server/models/gguf_decoder.py), not a mode of these projections.
 Quantization = Literal["none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf"]
@@ -81,7 +81,7 @@ class QuantizedProjection:
     cannot be read back row by row). A head passes views of the embedding it keeps anyway; a layer, whose
     rows nothing selects, passes False so its float weight can be freed.
     row_kernel (fp16): up to LAYER_MAX_ROWS rows go through ggml's fp16 kernel where installed
-    (corral/server/models/row_kernel.py), which reads the weight at the memory's speed where fbgemm's does not; more
+    (corral/kernels/row_kernel.py), which reads the weight at the memory's speed where fbgemm's does not; more
     rows stay with fbgemm."""
 
     __slots__ = (
@@ -161,7 +161,7 @@ class QuantizedProjection:
     @property
     def rounds_outputs(self) -> bool:
         """Whether outputs come back rounded to bfloat16 (int8, int4), so that `select` is the exact value
-        (corral/server/models/logit_refinement.py); w8a8's integer product returns float32, and fp16's too unless
+        (corral/kernels/logit_refinement.py); w8a8's integer product returns float32, and fp16's too unless
         a few rows go to ggml, which rounds their input to fp16."""
         return self._mode not in ("w8a8", "fp16") or self._row is not None
 

@@ -31,9 +31,9 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from corral.server.models.decode_layout import DecodeCache, DecodeLayout
-from corral.server.models.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
-from corral.server.models.row_kernel import GraphPlan, ggml_modules, llamafile_built
+from corral.kernels.decode_layout import DecodeCache, DecodeLayout
+from corral.kernels.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
+from corral.kernels.row_kernel import GraphPlan, ggml_modules, llamafile_built
 
 log = logging.getLogger(__name__)
 

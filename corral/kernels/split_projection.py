@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from corral.server.models.projection import Projection
-from corral.server.models.quantized_projection import Quantization, QuantizedProjection, quantizable
-from corral.server.models.row_kernel import RowKernel, row_kernel_available
+from corral.kernels.projection import Projection
+from corral.kernels.quantized_projection import Quantization, QuantizedProjection, quantizable
+from corral.kernels.row_kernel import RowKernel, row_kernel_available
 from corral.server.torch_threads import single_torch_thread
 
 SPLIT_MIN_ELEMENTS = 1 << 22  # the default model's head (128,257 × 64) has 8.2 M
@@ -121,7 +121,7 @@ class SplitProjection:
             keep_plain = False  # `select` reads the quantized parts: the logits the full projection gives
         self._plain = weight if keep_plain else None
         # fp16: a single row goes through ggml's kernel, the whole head in one call
-        # (corral/server/models/row_kernel.py).
+        # (corral/kernels/row_kernel.py).
         self._row = RowKernel(weight) if quantization == "fp16" and row_kernel_available() else None
         self._row_served_last = False  # whether the last call went to ggml, whose outputs are rounded
         self._cores = os.cpu_count() or 1

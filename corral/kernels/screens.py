@@ -1,6 +1,6 @@
-"""Which screen, if any, serves a step's rows that need only their best token (corral/server/models/head_screen.py).
+"""Which screen, if any, serves a step's rows that need only their best token (corral/kernels/head_screen.py).
 
-One screened row takes ggml's block screen (corral/server/models/block_screen.py): the fewest bytes through the
+One screened row takes ggml's block screen (corral/kernels/block_screen.py): the fewest bytes through the
 fastest one-row kernel, with tight bounds. Several take fbgemm's integer screen (`HeadScreen`), which reads each
 weight once for all of them, where its 8-bit sums are exact; elsewhere they keep the fp16 head.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from corral.server.models.block_screen import BlockScreen, block_screen_available
-from corral.server.models.head_screen import HeadScreen, Screen, calibrated_screen
+from corral.kernels.block_screen import BlockScreen, block_screen_available
+from corral.kernels.head_screen import HeadScreen, Screen, calibrated_screen
 
 
 @dataclass(frozen=True)

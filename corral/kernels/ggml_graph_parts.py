@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from corral.server.models.row_kernel import ggml_modules
+from corral.kernels.row_kernel import ggml_modules
 
 ROPE_NEOX = 2  # ggml's RoPE mode for the Hugging Face layout (pairs are the two halves of head_dim)
 ROPE_NORMAL = 0  # adjacent pairs: a `llama` GGUF, whose q/k rows llama.cpp's converter interleaved for it
@@ -103,7 +103,7 @@ class GraphParts(Protocol):
 class GraphContext:
     """A ggml context and the node-building helpers the graph forms share. `allocate`: every tensor gets its own
     memory here (graphs of few tokens); else the tensors are only described, and a graph allocator gives the
-    built graph memory that nodes reuse once read (corral/server/models/ggml_step_graph.py: any number of tokens)."""
+    built graph memory that nodes reuse once read (corral/kernels/ggml_step_graph.py: any number of tokens)."""
 
     def __init__(self, steps: GraphParts, tokens: int, size: int, allocate: bool = True) -> None:
         ggml, utils = ggml_modules()

@@ -19,10 +19,11 @@ one row.
 
 ggml's F16 dot product takes its input in fp16 too (as llama.cpp computes an F16 model), so a row's outputs are
 rounded a little against fbgemm's (float32 input): the head reports `rounds_outputs` and the logits that decide
-a pick are recomputed exactly (corral/server/models/logit_refinement.py), so one row and several agree on the choice.
+a pick are recomputed exactly (corral/kernels/logit_refinement.py), so one row and several agree on the choice.
 
-`CORRAL_ROW_KERNEL=torch` turns it off (for comparisons), `=products` keeps ggml for the products but runs the
-rest of a layer in torch instead of as ggml graphs (corral/server/models/ggml_layers.py); without the `ggml` package
+`--row-kernel torch` (`CORRAL_ROW_KERNEL=torch`) turns it off (for comparisons), `products` keeps ggml for the products
+but runs the
+rest of a layer in torch instead of as ggml graphs (corral/kernels/ggml_layers.py); without the `ggml` package
 it is off.
 """
 
@@ -30,13 +31,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from corral.kernels.choice import chosen_kernels
 
 _ggml: Any
 _ggml_utils: Any
@@ -65,7 +67,6 @@ if _ggml is not None:  # ggml writes to stderr unless given a callback; kept ref
     _LOG_CALLBACK = _ggml.ggml_log_callback(_forward_log)
     _ggml.ggml_log_set(_LOG_CALLBACK, None)
 
-SWITCH_ENV = "CORRAL_ROW_KERNEL"  # "ggml" (the default where installed), "products" or "torch"
 LAYER_MAX_ROWS = 16  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
 _STATUS_SUCCESS = 0
 # ggml's runtime is process-wide and its compute is not re-entrant: one call at a time (the engine thread's).
@@ -121,7 +122,7 @@ class GraphPlan:
 
 
 def _switch() -> str:
-    return os.environ.get(SWITCH_ENV, "ggml").strip().lower()
+    return chosen_kernels().row_kernel
 
 
 def row_kernel_available() -> bool:
@@ -138,7 +139,7 @@ def llamafile_built() -> bool:
 
 
 def layer_graphs_available() -> bool:
-    """Whether steps of few tokens run their layers as ggml graphs (corral/server/models/ggml_layers.py): the row
+    """Whether steps of few tokens run their layers as ggml graphs (corral/kernels/ggml_layers.py): the row
     kernels are on and the switch does not say `products` (ggml for the products only, torch for the rest)."""
     return row_kernel_available() and _switch() != "products"
 

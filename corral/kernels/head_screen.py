@@ -16,7 +16,7 @@ highest logit, and a screen proves which tokens can be it:
   `MAX_CANDIDATES` of them gets its full fp16 row instead.
 
 Two screens, by the step's number of screened rows:
-- one row: ggml's 8-bit block product (corral/server/models/block_screen.py), the input rounded per 32 values;
+- one row: ggml's 8-bit block product (corral/kernels/block_screen.py), the input rounded per 32 values;
 - several: `HeadScreen`, fbgemm's integer product, which reads each weight once for all the rows. Each row is
   rounded to 8 bits with its own step, and the `OUTLIER_DIMS` input dimensions that run largest (found once at
   load, `calibrated_screen`) are left out of it and added in float32. Only where fbgemm's 8-bit sums are exact
@@ -25,12 +25,11 @@ Two screens, by the step's number of screened rows:
   serving 8 streams with it was slower than without (59-68 against 75-77 tokens/s, Gemma 3 on an AMD EPYC).
 
 Sampled rows, rows that report logprobs, and rows picked before their mask (lazy masks) keep the fp16 head.
-`CORRAL_HEAD_SCREEN=off` serves every row through the fp16 head (for comparisons).
+`--no-head-screen` (`CORRAL_HEAD_SCREEN=off`) serves every row through the fp16 head (for comparisons).
 """
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,11 +38,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from corral.server.models.quantized_projection import prepack_w8a8
+from corral.kernels.choice import chosen_kernels
+from corral.kernels.quantized_projection import prepack_w8a8
 
 log = logging.getLogger(__name__)
 
-SWITCH_ENV = "CORRAL_HEAD_SCREEN"
 OUTLIER_DIMS = 16  # input dimensions computed in float32 beside the integer product
 # A row with more candidates than this (a flat distribution) is computed in full: its exact values via `select`
 # would read more than the head's fp16 row does.
@@ -54,7 +53,7 @@ CALIBRATION_TOKENS = 48
 
 
 def head_screen_enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "on").strip().lower() != "off"
+    return chosen_kernels().head_screen
 
 
 class Screen(Protocol):

@@ -1,5 +1,5 @@
-"""A layer of corral's fp16 decoder as ggml's graphs of few tokens take it (corral/server/models/ggml_layers.py): its
-products as the fp16 projections' own row kernels (corral/server/models/row_kernel.py), its gains and biases."""
+"""A layer of corral's fp16 decoder as ggml's graphs of few tokens take it (corral/kernels/ggml_layers.py): its
+products as the fp16 projections' own row kernels (corral/kernels/row_kernel.py), its gains and biases."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 import torch
 
-from corral.server.models.ggml_graph_parts import LayerParts
-from corral.server.models.quantized_projection import QuantizedProjection
-from corral.server.models.row_kernel import RowKernel
+from corral.kernels.ggml_graph_parts import LayerParts
+from corral.kernels.quantized_projection import QuantizedProjection
+from corral.kernels.row_kernel import RowKernel
 
 
 class DecoderLayer(Protocol):

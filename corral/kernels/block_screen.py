@@ -9,7 +9,7 @@ with it the bound, is known exactly. Per-block steps keep Gemma's few large hidd
 the rest. Measured on an AMD EPYC (AVX2, two threads), 84 positions of real text through Gemma 3: a median of 3
 candidates a row (90th percentile 38, most 118) against 17 (5,535; 23,693) for fbgemm's 7-bit screen there, the
 product 10.3-12.2 ms against 11-12.3 and the fp16 head's 16.6-18.3. ggml multiplies its blocks row by row of
-the input (8 rows took 43-49 ms), so it screens steps of one row only (corral/server/models/head_screen.py).
+the input (8 rows took 43-49 ms), so it screens steps of one row only (corral/kernels/head_screen.py).
 
 The bound, per token j, with x̂ and ŵ the rounded input and weights: x̂·ŵ − x·w = x̂·(ŵ − w) + (x̂ − x)·w, at most
 ‖x̂‖·‖ŵⱼ − wⱼ‖ + ‖x̂ − x‖·‖wⱼ‖, plus float32's rounding in ggml's block sums (int32 sums, one scale product and
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from corral.server.models.head_screen import float_rounding_per_l1, float_slack
-from corral.server.models.row_kernel import QuantBlocks, RowKernel, ggml_modules, row_kernel_available
+from corral.kernels.head_screen import float_rounding_per_l1, float_slack
+from corral.kernels.row_kernel import QuantBlocks, RowKernel, ggml_modules, row_kernel_available
 
 BLOCK = 32  # values per Q8_0 block, each block 2 bytes of fp16 scale then 32 int8 codes
 _FP16_MAX = 65504.0

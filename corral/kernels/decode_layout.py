@@ -1,4 +1,4 @@
-"""The seam between a KV cache and ggml's one-graph decoder (corral/server/models/ggml_layers.py): how the cache holds
+"""The seam between a KV cache and ggml's one-graph decoder (corral/kernels/ggml_layers.py): how the cache holds
 keys and values, and where each token of the bound step goes."""
 
 from __future__ import annotations
@@ -53,5 +53,5 @@ class DecodeCache(Protocol):
         ...
 
     def step_rows(self) -> StepRows:
-        """The bound step's rows, short and long (corral/server/models/ggml_step_graph.py takes any step)."""
+        """The bound step's rows, short and long (corral/kernels/ggml_step_graph.py takes any step)."""
         ...
