@@ -93,8 +93,8 @@ def test_a_request_waits_for_a_compile_thread_within_a_deadline(
     release = threading.Event()
     flooded = ThreadPoolExecutor(1, thread_name_prefix="test-flooded")
     flooded.submit(release.wait, 120)  # every compile thread busy (as under a flood of slow compiles)
-    monkeypatch.setattr(service, "_compile_pool", flooded)
-    monkeypatch.setattr(service, "compile_queue_wait_s", 0.5)
+    monkeypatch.setattr(service.compiler, "_pool", flooded)
+    monkeypatch.setattr(service.compiler, "queue_wait_s", 0.5)
     try:
         body = {
             "model": "corral-tiny",
