@@ -42,8 +42,9 @@ import pickle
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from corral.grammar_engines.pipe_protocol import DIED, FAILURES, OOM, REFUSED, Reply
 from corral.grammar_engines.protocol import (
@@ -173,7 +174,7 @@ class CompileSandbox:
             missing = self.size - len(self._workers) - self._booting
             self._booting += missing
         for _ in range(missing):
-            self._spawn_in_background()
+            _in_background(self._spawn)
 
     def wait_ready(self, count: int | None = None) -> None:
         """Start the workers and block until `count` of them (default: all) have built their tables."""
@@ -250,12 +251,8 @@ class CompileSandbox:
             if reply[0] in FAILURES:
                 self._replace(worker, killed=False)
                 done = True
-                if self._closed:  # killed by close(final=True), not by the grammar
-                    raise CompileStopped(STOPPED, backend=impl.name)
-                message = self._failure_text(impl.name, reply, worker)
-                if reply[0] == OOM:
-                    raise CompileOutOfMemory(message, backend=impl.name, limit_mb=self.memory_limit_mb)
-                raise CompileError(message, backend=impl.name)
+                # Killed by close(final=True) rather than by the grammar: stopped.
+                _raise_failure(impl.name, reply, worker.exitcode, self.memory_limit_mb, stopped=self._closed)
             self._release(worker)
             done = True
             if reply[0] == REFUSED:
@@ -274,13 +271,6 @@ class CompileSandbox:
                 assert make is not None  # sandboxable() keeps only backends with a codec
                 codec = self._codecs[name] = make()
             return codec
-
-    def _failure_text(self, name: str, reply: Reply, worker: Worker) -> str:
-        if reply[0] == OOM:
-            return f"{name} needed more than {self.memory_limit_mb} MB to compile this grammar"
-        if reply[0] == DIED:
-            return f"{name} crashed compiling this grammar (worker exit code {worker.exitcode})"
-        return f"{name} failed on this grammar: {reply[1]}"
 
     def _ready_worker(self, name: str) -> Worker:
         if self._broken is not None:
@@ -381,9 +371,24 @@ class CompileSandbox:
             if not respawn:
                 return
             self._booting += 1
-        self._spawn_in_background()
+        _in_background(self._spawn)
 
-    def _spawn_in_background(self) -> None:
-        # Not a daemon thread: interpreter exit waits for the spawn to finish (~2 s) rather than cut the
-        # child's start-up data short; multiprocessing's exit hook then terminates the child.
-        threading.Thread(target=self._spawn, name="corral-compile-spawn").start()
+
+def _in_background(spawn: Callable[[], None]) -> None:
+    # Not a daemon thread: interpreter exit waits for the spawn to finish (~2 s) rather than cut the
+    # child's start-up data short; multiprocessing's exit hook then terminates the child.
+    threading.Thread(target=spawn, name="corral-compile-spawn").start()
+
+
+def _raise_failure(
+    name: str, reply: Reply, exitcode: int | None, memory_limit_mb: int | None, *, stopped: bool
+) -> NoReturn:
+    """The error a compile worker's failure reply ends the compile with."""
+    if stopped:
+        raise CompileStopped(STOPPED, backend=name)
+    if reply[0] == OOM:
+        message = f"{name} needed more than {memory_limit_mb} MB to compile this grammar"
+        raise CompileOutOfMemory(message, backend=name, limit_mb=memory_limit_mb)
+    if reply[0] == DIED:
+        raise CompileError(f"{name} crashed compiling this grammar (worker exit code {exitcode})", backend=name)
+    raise CompileError(f"{name} failed on this grammar: {reply[1]}", backend=name)

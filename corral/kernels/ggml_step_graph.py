@@ -19,6 +19,7 @@ built for its step and freed after it (building costs milliseconds, a prompt chu
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,12 +175,10 @@ class _StepGraph:
                 self._gather = self._input(ggml.GGML_TYPE_I32, slots * queries)
                 self._scatter = self._input(ggml.GGML_TYPE_I32, self._short_tokens(tokens))
         # Each long row: its causal masks [keys, queries rounded up] (full and windowed).
-        self._long_masks: list[tuple[Any, Any]] = []
-        for row in self.long_rows:
-            padded = -(-row.tokens // _MASK_PAD) * _MASK_PAD
-            keys = row.start + row.tokens
-            self._long_masks.append((self._input(ggml.GGML_TYPE_F16, keys, padded),
-                                     self._input(ggml.GGML_TYPE_F16, keys, padded)))
+        self._long_masks: list[tuple[Any, Any]] = [
+            (self._input(ggml.GGML_TYPE_F16, *_mask_dims(row)), self._input(ggml.GGML_TYPE_F16, *_mask_dims(row)))
+            for row in self.long_rows
+        ]
         # Attention outputs back into the pack's order when long rows are in the step.
         self._order = self._input(ggml.GGML_TYPE_I32, tokens) if self.long_rows else None
 
@@ -207,9 +206,7 @@ class _StepGraph:
                 parts.append(self._short_attention(c, rotated, written, short_shape, windowed))
             for row, masks in zip(self.long_rows, self._long_masks, strict=True):
                 parts.append(self._long_attention(c, rotated, written, row, masks[1] if windowed else masks[0]))
-            attention = parts[0]
-            for more in parts[1:]:
-                attention = ggml.ggml_concat(c.ctx, attention, more, 1)
+            attention = functools.reduce(lambda joined, more: ggml.ggml_concat(c.ctx, joined, more, 1), parts)
             if self._order is not None:
                 attention = ggml.ggml_get_rows(c.ctx, attention, self._order)
             # The last layer's o projection and MLP only for the tokens whose hidden state is wanted (a prompt's
@@ -380,3 +377,8 @@ class _StepGraph:
         if self._cache_ctx:
             ggml.ggml_free(self._cache_ctx)
             self._cache_ctx = None
+
+
+def _mask_dims(row: LongRow) -> tuple[int, int]:
+    """A long row's causal mask: [keys, queries rounded up to the kernel's padding]."""
+    return row.start + row.tokens, -(-row.tokens // _MASK_PAD) * _MASK_PAD

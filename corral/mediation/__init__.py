@@ -4,9 +4,10 @@ bounded repair, capability-aware modes, the dispatch marker contract and per-rou
 Needs only the openai SDK, pydantic, jsonschema and httpx: no torch, nothing from corral's server."""
 
 from corral.mediation.failures import Failure, FailureClass, MediationError
+from corral.mediation.judging import Usage
 from corral.mediation.markers import BEGIN, END, extract_block
 from corral.mediation.mcp_results import ToolOutcome, finish_tool_result, verified
-from corral.mediation.mediator import Mediated, Mediator, Usage
+from corral.mediation.mediator import Mediated, Mediator
 from corral.mediation.modes import Capabilities, Mode, choose_mode, fetch_corral_capabilities
 from corral.mediation.repair import Escalation, RepairPolicy
 from corral.mediation.schemas import OutputSchema, SchemaVersion

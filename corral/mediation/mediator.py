@@ -6,17 +6,16 @@ answer (or the exception it raised), so the sync and async drivers below share e
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import openai
-from pydantic import ValidationError
 
-from corral.mediation.failures import TRUNCATING_REASONS, Failure, FailureClass, MediationError
-from corral.mediation.markers import BEGIN, END, MarkerError, extract_block, lark_grammar
+from corral.mediation.failures import Failure, FailureClass, MediationError
+from corral.mediation.judging import AnswerCheck, Outcome, Usage
+from corral.mediation.markers import BEGIN, END, lark_grammar
 from corral.mediation.modes import PLAIN, Capabilities, Mode, choose_mode, degrade, fetch_corral_capabilities
 from corral.mediation.repair import Escalation, RepairPolicy, repair_message
 from corral.mediation.schemas import OutputSchema
@@ -35,22 +34,6 @@ DECODE_SAFE_JSON_OPTIONS: dict[str, Any] = {
     "lenient": True,
     "coerce_one_of": True,
 }
-# 400 codes/params by which a provider says "I cannot decode under this constraint" (corral's and OpenAI's).
-_UNSUPPORTED_CODES = frozenset({"unsupported_schema", "invalid_grammar", "grammar_compile_timeout"})
-_CONSTRAINT_PARAMS = ("response_format", "structured_outputs")
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
 
 
 @dataclass(frozen=True)
@@ -67,18 +50,6 @@ class Mediated(Generic[T]):
     model: str
     raw: str  # the accepted answer's text ("" when a reviewer supplied the value)
     reviewed: bool = False  # the value came from the human-review hook, not the model
-
-
-@dataclass
-class _Outcome(Generic[T]):
-    failures: list[Failure] = field(default_factory=list)
-    value: T | None = None
-    version: str | None = None
-    raw: str | None = None
-    finish_reason: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    confidence: float | None = None
-    checks: dict[str, bool] = field(default_factory=dict)
 
 
 class Mediator(Generic[T]):
@@ -119,6 +90,7 @@ class Mediator(Generic[T]):
         self.repair = repair or RepairPolicy()
         self.sink = sink
         self.logprobs = logprobs and capabilities.logprobs
+        self._check = AnswerCheck(output, self.validators, markers)
 
     @classmethod
     def for_corral(cls, output: OutputSchema[T], *, client: openai.OpenAI, model: str, **kwargs: Any) -> Mediator[T]:
@@ -179,7 +151,7 @@ class Mediator(Generic[T]):
             request = self._request(conversation, mode, hints, options)
             started = time.perf_counter()
             answer = yield request
-            outcome = self._judge(answer)
+            outcome = self._check.judge(answer)
             usage += outcome.usage
             self._record(request, mode, attempt, outcome, (time.perf_counter() - started) * 1000)
             if not outcome.failures and outcome.version is not None:
@@ -212,8 +184,8 @@ class Mediator(Generic[T]):
         reviewed = hook(Escalation(self.output.name, messages, last_raw, list(failures)))
         if reviewed is None:
             raise MediationError(last, attempts=len(failures), failures=failures, escalated=True)
-        outcome: _Outcome[T] = _Outcome()
-        self._check_value(reviewed, outcome)
+        outcome: Outcome[T] = Outcome()
+        self._check.check_value(reviewed, outcome)
         if outcome.failures or outcome.version is None:
             failure = outcome.failures[0]
             raise MediationError(failure, attempts=len(failures), failures=[*failures, failure], escalated=True)
@@ -264,72 +236,7 @@ class Mediator(Generic[T]):
             request["extra_body"] = extra
         return request
 
-    # -- tier 2: judging an answer ---------------------------------------------------------------------------
-    def _judge(self, answer: Any) -> _Outcome[T]:
-        outcome: _Outcome[T] = _Outcome()
-        if isinstance(answer, BaseException):
-            outcome.failures.append(_provider_failure(answer))
-            return outcome
-        if answer.usage is not None:
-            outcome.usage = Usage(answer.usage.prompt_tokens, answer.usage.completion_tokens)
-        if not answer.choices:
-            outcome.failures.append(Failure(FailureClass.PROVIDER_ERROR, "the answer has no choices"))
-            return outcome
-        choice = answer.choices[0]
-        extra = choice.model_extra or {}
-        outcome.finish_reason = extra.get("corral_finish_reason") or choice.finish_reason
-        outcome.raw = choice.message.content or ""
-        outcome.confidence = _confidence(choice.logprobs)
-        if outcome.finish_reason in TRUNCATING_REASONS:
-            outcome.failures.append(Failure(FailureClass.TRUNCATED,
-                                            f"the answer was cut short ({outcome.finish_reason})",
-                                            finish_reason=outcome.finish_reason))
-            return outcome
-        self._check_text(outcome.raw, outcome)
-        outcome.failures = [replace(f, finish_reason=outcome.finish_reason) for f in outcome.failures]
-        return outcome
-
-    def _check_text(self, text: str, outcome: _Outcome[T]) -> None:
-        payload = text
-        if self.markers:
-            try:
-                payload = extract_block(text)
-            except MarkerError as exc:
-                outcome.checks["markers"] = False
-                outcome.failures.append(Failure(FailureClass.MARKER_MISSING, str(exc)))
-                return
-            outcome.checks["markers"] = True
-        try:
-            value = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            outcome.checks["json"] = False
-            outcome.failures.append(Failure(FailureClass.JSON_PARSE_FAILED, f"not JSON: {exc}"))
-            return
-        outcome.checks["json"] = True
-        self._check_value(value, outcome)
-
-    def _check_value(self, value: Any, outcome: _Outcome[T]) -> None:
-        checked = self.output.check(value)
-        outcome.checks["schema"] = checked.version is not None
-        if checked.version is None:
-            outcome.failures.append(Failure(FailureClass.SCHEMA_INVALID, checked.error or "", path=checked.path))
-            return
-        try:
-            typed = self.output.parse(checked.value)
-        except (ValidationError, ValueError, KeyError, TypeError) as exc:
-            outcome.checks["schema"] = False
-            message = f"does not parse as {self.output.name}: {exc}"
-            outcome.failures.append(Failure(FailureClass.SCHEMA_INVALID, message))
-            return
-        for validator in self.validators:
-            violation = validator.validate(typed)
-            outcome.checks[validator.name] = violation is None
-            if violation is not None:
-                outcome.failures.append(Failure(FailureClass.SEMANTIC_INVALID, violation.message,
-                                                validator=validator.name, path=violation.path))
-        outcome.value, outcome.version = typed, checked.version
-
-    def _record(self, request: dict[str, Any], mode: Mode, attempt: int, outcome: _Outcome[T],
+    def _record(self, request: dict[str, Any], mode: Mode, attempt: int, outcome: Outcome[T],
                 latency_ms: float) -> None:
         if self.sink is None:
             return
@@ -351,21 +258,3 @@ def _schema_name(name: str) -> str:
     """OpenAI's json_schema.name: letters, digits, _ and -, 64 at most."""
     cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64]
     return cleaned or "result"
-
-
-def _provider_failure(exc: BaseException) -> Failure:
-    if isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 422):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        error = body.get("error", body) if isinstance(body.get("error", body), dict) else {}
-        code, param = str(error.get("code") or ""), str(error.get("param") or "")
-        if code in _UNSUPPORTED_CODES or param.startswith(_CONSTRAINT_PARAMS):
-            return Failure(FailureClass.MODE_UNSUPPORTED, exc.message, finish_reason=code or None)
-    return Failure(FailureClass.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}")
-
-
-def _confidence(logprobs: Any) -> float | None:
-    entries = getattr(logprobs, "content", None) or []
-    values = [e.logprob for e in entries if e.logprob is not None]
-    if not values:
-        return None
-    return math.exp(sum(values) / len(values))
