@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # pytest-xdist workers for `make test`; 0 runs the suite in one process. Whole files go to a worker
-# (--dist loadfile), so a module's server or model fixture starts once.
+# (--dist loadfile), so a module's server or model fixture starts once. The suite is bound by the 2 cores:
+# three workers took 23:19 against two's 23:49 (2026-11-28), and made deadline-bound tests flakier.
 TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint clean

@@ -98,7 +98,10 @@ def test_validation_of_the_answer_runs_off_the_loop(server: RunningServer, monke
         model=MODEL, messages=[{"role": "user", "content": "a"}], max_tokens=30, response_format=fmt, stream=True
     )
     chunks = list(stream)
-    assert resp.choices[0].finish_reason == "stop" and chunks[-1].choices[0].finish_reason == "stop"
+    # Both answers finished and were checked. corral-tiny's random weights may run one to max_tokens ("length")
+    # when the closing search's deadline passes on a loaded machine; it is checked all the same.
+    finishes = (resp.choices[0].finish_reason, chunks[-1].choices[0].finish_reason)
+    assert all(reason in ("stop", "length") for reason in finishes), finishes
     assert len(threads) == 2 and all(name.startswith("corral-prepare") for name in threads), threads
 
 
