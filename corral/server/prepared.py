@@ -80,7 +80,10 @@ def sequence_for(
     for an answer the engine may close early, what closing it writes (required keys, pattern examples)."""
     compiled, spec = prepared.compiled, prepared.constraint.spec
     grammar = compiled.compiled if backend is not None and compiled is not None else None
-    closing = closable and spec is not None
+    keys: frozenset[str] = frozenset()
+    examples: tuple[str, ...] = ()
+    if closable and spec is not None:  # what the closing search writes
+        keys, examples = required_keys(spec), pattern_examples(spec)
     seq = Sequence(
         request_id=prepared.request_id,
         prompt_ids=prepared.prompt_ids,
@@ -91,8 +94,8 @@ def sequence_for(
         grammar=grammar,
         streaming=streaming,
         closable=closable,
-        required_keys=required_keys(spec) if closing and spec is not None else frozenset(),
-        pattern_examples=pattern_examples(spec) if closing and spec is not None else (),
+        required_keys=keys,
+        pattern_examples=examples,
     )
     seq.stats.arrival = prepared.received
     return seq

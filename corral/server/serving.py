@@ -158,8 +158,11 @@ class Service:
         params = admission.params
         constraint = json_styled(admission.constraint, params.json_leading_whitespace, self.settings,
                                  params.json_whitespace)
-        self.compiler.check_backend(constraint)
-        compiled = await self.compile(constraint) if constraint.spec is not None else None
+        if constraint.spec is not None:
+            compiled: CompileResult | None = await self.compile(constraint)  # names a backend that exists, or 400s
+        else:
+            self.compiler.check_backend(constraint)
+            compiled = None
         if stream:
             self.check_capacity()
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:12]}"
