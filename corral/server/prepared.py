@@ -74,11 +74,14 @@ class Finished:
 
 def sequence_for(
     prepared: Prepared, backend: SamplerBackend | None, sink: Callable[[SeqOutput], None], *, streaming: bool,
-    closable: bool,
+    close_answers: bool,
 ) -> Sequence:
     """The engine's sequence for a prepared request: its own matcher of the compiled grammar on `backend`, and
-    for an answer the engine may close early, what closing it writes (required keys, pattern examples)."""
+    for an answer the engine may close early, what closing it writes (required keys, pattern examples). JSON
+    Schema and tool-call answers close early unless the request, or else the server (`close_answers`), says not."""
     compiled, spec = prepared.compiled, prepared.constraint.spec
+    asked = prepared.params.close_answers
+    closable = spec is not None and spec.embeds_schema and (close_answers if asked is None else asked)
     grammar = compiled.compiled if backend is not None and compiled is not None else None
     keys: frozenset[str] = frozenset()
     examples: tuple[str, ...] = ()

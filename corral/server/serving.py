@@ -231,7 +231,7 @@ class Service:
 
         compiled = prepared.compiled
         backend = self.backends.for_request(compiled.backend, prepared.constraint.backend) if compiled else None
-        seq = sequence_for(prepared, backend, sink, streaming=deltas, closable=self._closable(prepared))
+        seq = sequence_for(prepared, backend, sink, streaming=deltas, close_answers=self.settings.close_answers)
         self.in_flight += 1
         finished = False
         try:
@@ -247,11 +247,6 @@ class Service:
             if not finished:  # the consumer went away (client disconnect): free the slot now
                 self.loop.abort(seq.request_id)
                 self.metrics.requests.labels("abort").inc()
-
-    def _closable(self, prepared: Prepared) -> bool:
-        """JSON Schema and tool-call answers close early unless the request or the server says not to."""
-        spec, asked = prepared.constraint.spec, prepared.params.close_answers
-        return spec is not None and spec.embeds_schema and (self.settings.close_answers if asked is None else asked)
 
     async def run(self, prepared: Prepared) -> Finished:
         """Generate to the end. With `auto`, the contract guard keeps an answer from ending outside the
