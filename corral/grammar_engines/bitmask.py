@@ -1,14 +1,13 @@
 """Applying a token bitmask (allocate_bitmask's layout) to logits: -inf where the grammar forbids a token.
 
 xgrammar's CPU kernel visits every forbidden token one bit at a time, so its cost grows with how much a mask
-forbids. Each row goes the cheapest of three ways, chosen from its words:
+forbids. Each row goes the cheapest of three ways, chosen from its words (measured:
+docs/measured-choices.md#bitmasks):
 - few allowed (the usual case inside a JSON structure): unpack only its non-zero words, save those logits,
-  fill the row with -inf and put them back (~0.05 ms where xgrammar took 0.5 ms on a 128k vocabulary);
+  fill the row with -inf and put them back (a tenth of xgrammar's time on a 128k vocabulary);
 - nearly all allowed (free text inside a string): xgrammar's kernel, which skips whole allowed words;
 - in between (a regex's `[a-z ]`, a CSV cell): unpack every bit with numpy and set the logits with
-  branch-free integer operations, ~0.14 ms a row of Gemma 3's 262,144 tokens where xgrammar's kernel took
-  0.7 ms at half allowed and 1 ms at a third; it was 20 % of the engine thread for grammars at concurrency 8
-  on corral-tiny (py-spy).
+  branch-free integer operations, several times faster than xgrammar's kernel at half or a third allowed.
 On CUDA everything goes to xgrammar's kernel.
 """
 
@@ -21,9 +20,8 @@ import torch
 
 # A row is "sparse" when fewer than 1 in this many of its 32-bit words has any bit set.
 _SPARSE_WORD_RATIO = 4
-# A row stays on xgrammar's kernel when at least this share of its words allows all 32 tokens: measured on
-# 8 rows of 262,144 tokens, the kernel took 0.03 ms with every word full, 0.9 ms with 90 % full and 5.4 ms with
-# half, where unpacking took 1.1-1.5 ms at any density.
+# A row stays on xgrammar's kernel when at least this share of its words allows all 32 tokens: the kernel beat
+# unpacking with 90 % of the words full and was far slower at half (measured: docs/measured-choices.md#bitmasks).
 _FULL_WORD_SHARE = 0.8
 # The integer type whose bits a logit's dtype is viewed as, to set -inf without a branch per token.
 _SAME_WIDTH_INT = {
@@ -57,7 +55,8 @@ def unpack_rows(
     bitmask: torch.Tensor, rows: Sequence[int], vocab_size: int, max_ids: int
 ) -> tuple[dict[int, int], dict[int, np.ndarray]]:
     """Each of `rows`' count of set bits, and the allowed ids of those that allow at most `max_ids` tokens.
-    The count comes first: unpacking a row that allows most of the vocabulary costs ~1 ms."""
+    The count comes first, as unpacking a row that allows most of the vocabulary is costly (measured:
+    docs/measured-choices.md#bitmasks)."""
     counts = dict(zip(rows, allowed_counts(bitmask, rows), strict=True))
     words = bitmask.numpy()
     found: dict[int, np.ndarray] = {}
@@ -111,8 +110,9 @@ def _keep_only(line: torch.Tensor, ids: np.ndarray) -> None:
 def _select_unpacked(line: torch.Tensor, row_words: np.ndarray) -> None:
     """-inf in `line` wherever the row's bit is clear: every bit unpacked (little-endian within each word, as
     the layout stores token 32·w + b at bit b of word w), then the logits' own bits kept or replaced by -inf's
-    with integer and/or. Branch-free: torch.where on the unpacked bits took 0.11 ms a row for blocky masks
-    and 0.6 ms for scattered ones (mispredicted branches); this takes ~0.14 ms for either."""
+    with integer and/or. Branch-free: torch.where on the unpacked bits was several times slower on scattered
+    masks than on blocky ones (mispredicted branches); this costs about the same for either (measured:
+    docs/measured-choices.md#bitmasks)."""
     as_int = _SAME_WIDTH_INT[line.dtype]
     bits = np.unpackbits(row_words.view(np.uint8), bitorder="little")[: line.shape[0]]
     keep = torch.from_numpy(bits).to(as_int).neg_()  # all ones where allowed, zero where not

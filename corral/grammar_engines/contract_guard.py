@@ -137,8 +137,8 @@ class ContractGuard:
 
 
 class _Uint32View:
-    """The bitmask as unsigned words, made once per tensor: a fresh numpy view costs ~5 µs a fill,
-    more than the check itself (measured on 2 CPU cores). One attribute holds the pair, so threads
+    """The bitmask as unsigned words, made once per tensor: a fresh numpy view each fill costs more than the
+    check itself (measured: docs/measured-choices.md#contract-guard). One attribute holds the pair, so threads
     filling different bitmasks never see one tensor's view under another's."""
 
     def __init__(self) -> None:

@@ -176,9 +176,9 @@ class XGrammarBackend:
         return XGrammarMatcher(compiled, self._tokenizer)
 
     def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        # Measured on 2 cores with the 128k Llama-3 vocabulary: one fill takes ~10-25 µs, while
-        # BatchGrammarMatcher's thread hand-off costs 0.2-4 ms per call below ~16 rows. Its threads only
-        # pay off for large batches on many cores.
+        # One fill takes microseconds, while BatchGrammarMatcher's thread hand-off costs milliseconds per call
+        # below ~16 rows (measured: docs/measured-choices.md#xgrammar-backend). Its threads only pay off for large
+        # batches on many cores.
         if len(matchers) >= BATCH_THRESHOLD:
             handles = [m.handle for m in matchers if isinstance(m, XGrammarMatcher)]
             self._batch.batch_fill_next_token_bitmask(handles, bitmask, list(rows))
@@ -188,16 +188,16 @@ class XGrammarBackend:
 
 
 # xgrammar's JSON serialisation is slow for grammars with a large token-mask cache: a 1 KB schema
-# (Github_medium/o83393) compiles in 1.1 s, serialises to 15 MB in 1.0 s and deserialises in 0.35 s,
-# while a small schema (0.13 MB in memory) compiles in 17 ms and round-trips in 7 ms. Ship it only
+# (Github_medium/o83393) took longer to serialise and deserialise than to compile, while a small schema
+# round-trips in less than its compile (measured: docs/measured-choices.md#xgrammar-backend). Ship it only
 # while small; otherwise the parent compiles again.
 SHIP_LIMIT_BYTES = 1 << 20
 
 
 class XGrammarCodec:
     """The sandbox codec: small grammars cross as `CompiledGrammar.serialize_json()` (and whether jump-forward is
-    safe on them), deserialised with the parent's TokenizerInfo (~0.1 ms for a choice, ~2 ms for a small
-    schema); big ones are compiled again."""
+    safe on them), deserialised with the parent's TokenizerInfo (docs/measured-choices.md#xgrammar-backend); big
+    ones are compiled again."""
 
     def export(self, compiled: CompiledGrammar) -> Any:
         if not isinstance(compiled, XGrammarCompiled) or compiled.grammar.memory_size_bytes >= SHIP_LIMIT_BYTES:

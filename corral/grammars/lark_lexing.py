@@ -3,8 +3,9 @@ r"""Whether a Lark grammar means the same under a greedy lexer as under a charac
 xgrammar reads a grammar as the character-level CFG it is; llguidance lexes its terminals greedily (a terminal
 goes on while the next character can continue it), so under it `x: "a"*` before `"ab"` refuses "aaab", and
 `/[a-z]+/` before `"b"` refuses "aab". Where neither can happen, the two accept exactly the same texts, and
-llguidance fills the masks of wide grammars several times faster (a CSV grammar 1.9 against 11.4 ms a token,
-docs/benchmarks.md). `greedy_lexing_exact` proves that from the grammar alone, conservatively:
+llguidance fills the masks of wide grammars several times faster (a CSV grammar:
+docs/benchmarks.md#mask-cost-per-constraint-kind-corral-bench-kinds). `greedy_lexing_exact` proves that from the
+grammar alone, conservatively:
 
 1. No terminal matches the empty text.
 2. Where several terminals may come next (at the start, after any terminal), their first characters differ,
@@ -42,7 +43,8 @@ from corral.grammars.limits import lark_terminals
 _load_grammar = cast(Callable[..., tuple[Any, Any]], load_grammar)  # lark's loader carries no annotations
 EVERY = frozenset({-1})  # stands for every character: intersects everything
 # A class of this many characters or more, repeated up to WIDE_REPEAT times or more, makes a grammar "wide":
-# `[a-z0-9 ]{1,12}` is, `[0-9]{1,3}` is not (xgrammar 12 µs a token there, llguidance 37).
+# `[a-z0-9 ]{1,12}` is, `[0-9]{1,3}` is not (xgrammar's masks are the cheaper there: the `lark id` case of
+# docs/benchmarks.md#mask-cost-per-constraint-kind-corral-bench-kinds).
 WIDE_CLASS = 16
 WIDE_REPEAT = 4
 _END = "$END"
@@ -235,7 +237,7 @@ def greedy_lexing_exact(source: str, start: str = "start") -> bool:
 
 def wide_and_exact(source: str, start: str = "start") -> bool:
     """`greedy_lexing_exact`, and some terminal repeats a class of WIDE_CLASS characters or more: where masks
-    cost xgrammar the most (narrow grammars cost both engines 10-40 µs a token)."""
+    cost xgrammar the most (narrow grammars cost both engines little)."""
     return _analyse(source, start) == "wide"
 
 

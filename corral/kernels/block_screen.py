@@ -6,10 +6,10 @@ with one fp16 scale) serves both: the head is rounded to it once at load (178 MB
 head's 335; Gemma's GGUF stores its embedding in Q8_0, so there the rounding only undoes fp16's), and each row's
 input is rounded to it here and handed to ggml as blocks (`RowKernel(input_blocks=True)`), so its rounding, and
 with it the bound, is known exactly. Per-block steps keep Gemma's few large hidden dimensions from coarsening
-the rest. Measured on an AMD EPYC (AVX2, two threads), 84 positions of real text through Gemma 3: a median of 3
-candidates a row (90th percentile 38, most 118) against 17 (5,535; 23,693) for fbgemm's 7-bit screen there, the
-product 10.3-12.2 ms against 11-12.3 and the fp16 head's 16.6-18.3. ggml multiplies its blocks row by row of
-the input (8 rows took 43-49 ms), so it screens steps of one row only (corral/kernels/head_screen.py).
+the rest. On an AMD EPYC (AVX2), through Gemma 3, it let through far fewer candidates a row than fbgemm's 7-bit
+screen there, and its product was faster than the fp16 head's. ggml multiplies its blocks row by row of the
+input, so it screens steps of one row only (corral/kernels/head_screen.py; measured:
+docs/measured-choices.md#head-screens).
 
 The bound, per token j, with x̂ and ŵ the rounded input and weights: x̂·ŵ − x·w = x̂·(ŵ − w) + (x̂ − x)·w, at most
 ‖x̂‖·‖ŵⱼ − wⱼ‖ + ‖x̂ − x‖·‖wⱼ‖, plus float32's rounding in ggml's block sums (int32 sums, one scale product and

@@ -1,10 +1,10 @@
 """Decode steps of few tokens as ggml graphs: the decoder's small arithmetic, and attention, off torch.
 
-With its products on ggml (row_kernel.py), a one-row step of Gemma 3 270M still spent ~6 ms of ~28 outside
-them: some 25 torch calls per layer (norms, the per-head q/k norm, RoPE, the gate, residual adds, views and
-casts), each a few microseconds of dispatch for a few hundred numbers (profiled: the 91 RMS norms alone
-2.5 ms), and ~90 us per layer of attention, most of it Python around a 9 us kernel. ggml runs the same
-arithmetic as nodes of a graph, a node for a few hundred numbers costing about a microsecond. Two forms:
+With its products on ggml (row_kernel.py), a one-row step of Gemma 3 270M still spent a fifth of its time
+outside them: some 25 torch calls per layer (norms, the per-head q/k norm, RoPE, the gate, residual adds, views
+and casts), each a few microseconds of dispatch for a few hundred numbers, and attention, most of it Python
+around a short kernel (measured: docs/measured-choices.md#ggml-graphs). ggml runs the same arithmetic as nodes
+of a graph, a node for a few hundred numbers costing about a microsecond. Two forms:
 
 - **One graph for the whole decoder** when every row of the step feeds one token or a few (a sampled token and
   the grammar's forced ones after it, a short prompt), in whatever slots (`DecodeCache.decode_layout`).
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 _BOUNDARY_NODES = 64  # a boundary has ~20 nodes; ggml's default graph reserves 2048
 _LAYER_NODES = 48  # a layer of the one-graph decoder: ~35
 _MIN_KEY_BUCKET = 64
-# One-graph decoders kept, one per step shape (tokens, slots, tokens per row, key bucket, gathered), each
-# ~1-3 MB and ~3-7 ms to build for Gemma 3: enough for a batch's shapes as rows join, leave and carry forced tokens.
+# One-graph decoders kept, one per step shape (tokens, slots, tokens per row, key bucket, gathered), each a few MB
+# and milliseconds to build for Gemma 3 (docs/measured-choices.md#ggml-graphs): enough for a batch's shapes as
+# rows join, leave and carry forced tokens.
 DECODERS_KEPT = 64
 
 
@@ -284,7 +285,8 @@ class GgmlLayerSteps:
         if not self.takes(tokens):
             raise ValueError(f"these layer graphs take 1 to {self.max_tokens} tokens, not {tokens}")
         threads = max(1, torch.get_num_threads())
-        # A duck-typed check: isinstance against a runtime-checkable Protocol costs ~16 us a step.
+        # A duck-typed check: isinstance against a runtime-checkable Protocol costs too much to run every step
+        # (measured: docs/measured-choices.md#ggml-graphs).
         cache = cast(DecodeCache, attend) if hasattr(attend, "decode_layout") else None
         if cache is not None and cache.keys[0].dtype != torch.float32:
             cache = None

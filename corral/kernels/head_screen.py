@@ -1,11 +1,11 @@
 """Integer screens in front of the fp16 head, for rows that need only their best token.
 
-Gemma 3's head is 262,144 × 640: under `fp16` it is 335 MB a step, and at 8 rows fbgemm's fp16 product is bound
-by arithmetic (~25 ms, half a decode step). An 8-bit integer product reads half the bytes, but its rounding is
-coarse on Gemma's hidden states (a few dimensions reach ~70 where most stay under ~9): fbgemm's integer head's
-argmax differed from fp16's at 14 % of positions of real text (docs/changelog.md, fourteenth). So it only
-screens. A greedy row that reports nothing (no logprobs, penalties or biases) needs only the token with the
-highest logit, and a screen proves which tokens can be it:
+Gemma 3's head is 262,144 × 640: under `fp16` it is 335 MB a step, and at 8 rows fbgemm's fp16 product is bound by
+arithmetic (half a decode step; measured: docs/measured-choices.md#head-screens). An 8-bit integer product reads
+half the bytes, but its rounding is coarse on Gemma's hidden states (a few dimensions reach ~70 where most stay
+under ~9): fbgemm's integer head's argmax differed from fp16's at 14 % of positions of real text
+(docs/changelog.md, fourteenth). So it only screens. A greedy row that reports nothing (no logprobs, penalties or
+biases) needs only the token with the highest logit, and a screen proves which tokens can be it:
 
 - every screened logit comes with a strict bound on its error, per token j: the L2 norm of row j's weight
   rounding × the input's, plus the L2 norm of the input's rounding (known exactly: the rounding is done here)
@@ -22,7 +22,8 @@ Two screens, by the step's number of screened rows:
   load, `calibrated_screen`) are left out of it and added in float32. Only where fbgemm's 8-bit sums are exact
   (VNNI's 32-bit sums): on AVX2 it must round inputs to 7 bits, and then its bounds let through a median of 17
   and a 90th percentile of 5,535 candidates a row on real text (against 3 and 38 for the block screen), and
-  serving 8 streams with it was slower than without (59-68 against 75-77 tokens/s, Gemma 3 on an AMD EPYC).
+  serving 8 streams of Gemma 3 with it on an AMD EPYC was slower than without
+  (docs/models.md#weight-only-quantization---quantization).
 
 Sampled rows, rows that report logprobs, and rows picked before their mask (lazy masks) keep the fp16 head.
 `--no-head-screen` (`CORRAL_HEAD_SCREEN=off`) serves every row through the fp16 head (for comparisons).

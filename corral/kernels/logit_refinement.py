@@ -34,8 +34,8 @@ def near_top(
     """(rows, columns) of each given row's finite logits within rounding distance of its `depths[i]`-th
     largest (1, the best, by default; a row that reports its top n logprobs asks for n). CPU logits.
 
-    It runs every step on [B, vocab]: numpy's max, compare and flatnonzero pass over a 262,144-wide row in
-    ~0.3 ms together, where torch's nonzero on the same mask took ~10x that (measured here, one thread)."""
+    It runs every step on [B, vocab], so it uses numpy's max, compare and flatnonzero: torch's nonzero on the
+    same mask took ~10x as long (measured: docs/measured-choices.md#logit-refinement)."""
     index = torch.tensor(rows, dtype=torch.long)
     if not rows:
         return index, index

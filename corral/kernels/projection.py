@@ -1,14 +1,14 @@
 """A linear projection whose weight is prepacked for oneDNN on CPU, where that was measured to be faster.
 
-torch's CPU `F.linear` goes through MKL's sgemm, which on this machine (an AMD EPYC with AVX-512) ran the
-default model's 128,257 × 64 vocabulary projection at ~20 GFLOP/s: 6.4 ms for a batch of 8 rows. The same
-product through oneDNN with the weight reordered once into its blocked layout took 2.5-3.0 ms, and a
-Llama-3.2-1B-shaped layer's projections 1.3-2.4× less at 8 rows (`corral bench projection`;
-docs/serving-benchmark.md). vLLM's CPU backend takes the same route (oneDNN, prepacked) for the same reason.
+torch's CPU `F.linear` goes through MKL's sgemm. The same product through oneDNN, with the weight reordered once
+into its blocked layout, took less than half the time for the default model's 128,257 × 64 vocabulary projection
+at 8 rows, and less for a Llama-3.2-1B-shaped layer's projections (`corral bench projection`; measured:
+docs/measured-choices.md#projections). vLLM's CPU backend takes the same route (oneDNN, prepacked) for the same
+reason.
 
-Two cases stay on `F.linear`, both measured: small weights, where oneDNN's fixed cost per call (~10 µs) is
-more than the product itself, and a single float32 row through a weight with a short input axis (the
-default model's head at batch 1: 1.1 ms plain, 1.7 ms packed). The packed path gives a row the same result
+Two cases stay on `F.linear`, both measured: small weights, where oneDNN's fixed cost per call is more than the
+product itself, and a single float32 row through a weight with a short input axis (the default model's head at
+batch 1). The packed path gives a row the same result
 whatever else is in the batch (its rows are computed independently); the single-row plain path differs from
 it by float32 rounding only.
 """
@@ -36,8 +36,7 @@ def _pack(weight: torch.Tensor, min_elements: int) -> torch.Tensor | None:
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return None
     # The batch-size hint only tunes the blocking; the packed weight serves any number of rows. Measured
-    # (`corral bench projection`): a long input axis wants hint 1 (a 2,048 x 8,192 float32 weight, one
-    # row: 3.4 ms against 5.0 with hint 8 and 3.7 unpacked; eight rows 6.4 against 8.5 unpacked); a short
+    # (`corral bench projection`, docs/measured-choices.md#projections): a long input axis wants hint 1, a short
     # one (the default model's head) wants 8, and its single rows go unpacked.
     hint = 8 if weight.shape[1] < _PLAIN_SINGLE_ROW_MAX_IN else 1
     try:

@@ -1,18 +1,18 @@
 """Quantized projections on CPU, through torch's own int8 and int4 kernels and fbgemm's (integer for w8a8,
 half-precision weights for fp16).
 
-A decode step of a model like Gemma 3 270M reads every weight once per token; at float32 that is 1.07 GB,
-and a CPU core reads ~11 GB/s. Storing the weights in 8 or 4 bits and widening them inside the matmul cuts
-those bytes 4-8x. torch ships the kernels (`_weight_int8pack_mm`: int8 per output channel;
-`_weight_int4pack_mm_for_cpu`: int4 in groups along the input axis with a scale and an offset per group,
-the kernels torchao's weight-only configs call on CPU); corral only quantizes and packs the weights for them.
-Both kernels are fast with bfloat16 activations and slow (a reference loop) with float32 ones, so a call
-rounds its input to bfloat16 and widens the output back: measured on this machine's EPYC for Gemma's
-262,144 x 640 head at one row, 26 ms (int4) and 45 ms (int8) against 50-100 ms at float32.
+A decode step of a model like Gemma 3 270M reads every weight once per token; at float32 that is 1.07 GB, and
+reading it bounds the step on a CPU core. Storing the weights in 8 or 4 bits and widening them inside the matmul
+cuts those bytes 4-8x. torch ships the kernels (`_weight_int8pack_mm`: int8 per output channel;
+`_weight_int4pack_mm_for_cpu`: int4 in groups along the input axis with a scale and an offset per group, the
+kernels torchao's weight-only configs call on CPU); corral only quantizes and packs the weights for them. Both
+kernels are fast with bfloat16 activations and slow (a reference loop) with float32 ones, so a call rounds its
+input to bfloat16 and widens the output back (measured: docs/measured-choices.md#projections).
 
 fp16 stores each weight in 16 bits and multiplies in float32 (fbgemm's `linear_dynamic_fp16`, the weights
 widened in registers with F16C): twice int8's bytes, but on an AVX2 core without VNNI it is the faster kernel
-(Gemma's head at one row, one thread: 32 ms against int8's 50) and its logits stay within ~1e-2 of float32's.
+(Gemma's head at one row: docs/models.md#weight-only-quantization---quantization) and its logits stay within
+~1e-2 of float32's.
 
 `select` computes single outputs from the same quantized values the kernel uses, so a grammar-restricted
 row (corral/server/models/llama_family.py restricted_logits) sees the logits a full projection would give it.
@@ -55,7 +55,7 @@ def head_quantization(quantization: Quantization) -> Quantization:
     """The output head's: int4 models keep an int8 head, as llama.cpp's Q4_K_M files keep theirs at 6-8 bits
     (Gemma 3 270M's is Q8_0): the logits are the one place every rounding error reaches the choice of token.
     The `-w8a8` modes multiply the head with integer dot products: on AVX2 without VNNI the cheapest of the
-    kernels at every batch (Gemma 3's head, two threads: 14 ms a row, 19 ms for eight, against fp16's 20 and 50)."""
+    kernels at every batch (Gemma 3's head; measured: docs/measured-choices.md#projections)."""
     return _HEAD_QUANTIZATION.get(quantization, quantization)
 
 

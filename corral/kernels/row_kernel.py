@@ -2,29 +2,22 @@
 
 One row reads every weight once for one dot product per output, so a projection there costs what its weight
 costs to read, if the kernel keeps up with the memory. fbgemm's fp16 kernel (`quantized.linear_dynamic_fp16`,
-what corral's fp16 projections use) does not at one row on an AVX2 CPU: Gemma 3 270M's 72 layer projections
-(201 MB) in 11.0 ms, 18 GB/s, on two cores that stream 28-30 GB/s. ggml, llama.cpp's tensor library (through
-the `ggml-python` bindings, the `ggml` extra), multiplies the same fp16 weights at 29 GB/s: 6.9 ms for those
-projections and 11.6 ms for the 335 MB head against fbgemm's 16-18 (measured on this machine's EPYC, both on two
-threads; docs/serving-benchmark.md). Past a few rows fbgemm's kernel, which reuses each weight it reads across
-them, is the faster: the layers' 72 products took 9.0 / 12.3 / 17.0 ms on ggml at 2 / 4 / 8 rows against fbgemm's
-11.9 / 13.5 / 16.4, the head 16.7 ms at two rows against 16.5. On an Intel Xeon (AVX-512, ggml built for it) a
-whole fp16 decode step of Gemma 3 at 6 / 8 / 10 / 12 / 16 rows took 44 / 56 / 71 / 69 / 100 ms with the layers on
-ggml against 50 / 67 / 76 / 68 / 102 on fbgemm (the head on fbgemm in both; same process, alternating). Back on the
-EPYC a later day, fbgemm's products led from 2 rows (8 rows: 24 ms against ggml's 34, 27 with llamafile's tiles),
-but the decoder as one ggml graph (8 rows: 40 ms) beat ggml's products with torch's arithmetic around them (61),
-whose ~23 ms of small operations outweigh what fbgemm's products would save there. So a layer
-sends up to `LAYER_MAX_ROWS` tokens here (a constrained step's rows carry jump-forward tokens too) and the head
-one row.
+what corral's fp16 projections use) does not at one row on an AVX2 CPU: it reads Gemma 3 270M's layer
+projections well below the rate the cores stream at. ggml, llama.cpp's tensor library (through the `ggml-python`
+bindings, the `ggml` extra), multiplies the same fp16 weights at the rate the cores stream, the layers and the
+head alike. Past a few rows fbgemm's kernel, which reuses each weight it reads across them, is the faster at the
+products, but the decoder as one ggml graph beats ggml's products with torch's arithmetic around them, whose small
+operations outweigh what fbgemm's products would save there (measured on an AMD EPYC and an Intel Xeon:
+docs/measured-choices.md#row-kernel). So a layer sends up to `LAYER_MAX_ROWS` tokens here (a constrained step's
+rows carry jump-forward tokens too) and the head one row.
 
 ggml's F16 dot product takes its input in fp16 too (as llama.cpp computes an F16 model), so a row's outputs are
 rounded a little against fbgemm's (float32 input): the head reports `rounds_outputs` and the logits that decide
 a pick are recomputed exactly (corral/kernels/logit_refinement.py), so one row and several agree on the choice.
 
-`--row-kernel torch` (`CORRAL_ROW_KERNEL=torch`) turns it off (for comparisons), `products` keeps ggml for the products
-but runs the
-rest of a layer in torch instead of as ggml graphs (corral/kernels/ggml_layers.py); without the `ggml` package
-it is off.
+`--row-kernel torch` (`CORRAL_ROW_KERNEL=torch`) turns it off (for comparisons), `products` keeps ggml for the
+products but runs the rest of a layer in torch instead of as ggml graphs (corral/kernels/ggml_layers.py); without
+the `ggml` package it is off.
 """
 
 from __future__ import annotations
@@ -132,9 +125,9 @@ def row_kernel_available() -> bool:
 
 def llamafile_built() -> bool:
     """Whether the installed ggml multiplies through llamafile's tinyBLAS tiles, as llama.cpp builds it
-    (`make install` builds it so; the package's own build leaves it off). Measured on an AMD EPYC (AVX2, two
-    threads), Gemma 3's 72 fp16 layer products at 8 / 16 rows took 27 / 42 ms with it against 41 / 66 without,
-    at one row level (13-14 ms): a fp16 step of 8 rows 76-80 ms against 95-97."""
+    (`make install` builds it so; the package's own build leaves it off). On an AMD EPYC (AVX2) it makes ggml's
+    products of several rows much faster, one row level (measured:
+    docs/models.md#weight-only-quantization---quantization)."""
     return _ggml is not None and bool(_ggml.ggml_cpu_has_llamafile())
 
 

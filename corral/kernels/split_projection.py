@@ -125,9 +125,8 @@ class SplitProjection:
         self._row = RowKernel(weight) if quantization == "fp16" and row_kernel_available() else None
         self._row_served_last = False  # whether the last call went to ggml, whose outputs are rounded
         self._cores = os.cpu_count() or 1
-        # A head as large as Gemma 3's takes 30-130 ms for one row on one core: a second core pays for the
-        # handoff many times over (measured on its 262,144 x 640 head, one row: float32 128 -> 70 ms, int8
-        # 80 -> 36, int4 30 -> 15).
+        # A head as large as Gemma 3's takes tens of milliseconds for one row on one core: a second core pays
+        # for the handoff many times over, about halving the time (measured: docs/measured-choices.md#projections).
         self._share_single_row = weight.numel() >= SHARE_SINGLE_ROW_MIN_ELEMENTS
 
     @property
@@ -138,15 +137,15 @@ class SplitProjection:
     def rounds_outputs(self) -> bool:
         """As `QuantizedProjection.rounds_outputs` (a float projection's outputs are exact), for the outputs of the
         last call: a single row on ggml comes back rounded, several rows on fbgemm exact, so a step of many free
-        rows skips the refinement's pass over every row's 262k logits (~0.3 ms a row)."""
+        rows skips the refinement's pass over every row's 262k logits (docs/measured-choices.md#logit-refinement)."""
         rounded_parts = any(isinstance(part, QuantizedProjection) and part.rounds_outputs for part in self.parts)
         return self._row_served_last or rounded_parts
 
     def shares_work(self, rows: int) -> bool:
         """Whether a call now hands slices to the helper thread: torch on one thread, another core, and
         more than one row or a very large head (a single row through the default tiny model's head measured
-        slower shared: 1.4 ms against 1.1, the handoff and two half-size memory-bound products cost more
-        than they save)."""
+        slower shared: the handoff and two half-size memory-bound products cost more than they save;
+        docs/measured-choices.md#projections)."""
         wide_enough = rows > 1 or self._share_single_row
         return wide_enough and torch.get_num_threads() == 1 and self._cores >= 2
 

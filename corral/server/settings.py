@@ -263,8 +263,8 @@ class Settings(BaseSettings):
 
 
 def default_cpu_threads() -> int:
-    """All cores but one: the engine thread's torch ops leave a core to the mask thread and HTTP (measured on
-    2 loaded cores: 52 ms per step with 2 threads, 12.5 ms with 1)."""
+    """All cores but one: the engine thread's torch ops leave a core to the mask thread and HTTP (on 2 loaded
+    cores a step ran about four times faster on 1 thread than on 2: docs/measured-choices.md#torch-threads)."""
     return max(1, (os.cpu_count() or 2) - 1)
 
 

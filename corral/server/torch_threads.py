@@ -3,10 +3,11 @@
 Why: torch's CPU kernels run on OpenMP (GNU libgomp in the PyPI wheels). libgomp keeps a worker team for every
 thread that has run a parallel region, for as long as that thread lives, and once the workers it manages
 outnumber the CPUs it spins only ~100 polls before sleeping instead of ~300,000; then each of a decode step's
-~250 small parallel regions pays a futex wake-up. Measured on Gemma 3 270M (fp16, one row, 2 cores): the
-decoder took 35-43 ms on a second thread when the main thread had loaded the model on two threads, and
-24-31 ms when the main thread never had. So the model loads on a thread that exits afterwards (its team goes
-with it), and every thread corral starts besides the engine's runs torch on one thread.
+~250 small parallel regions pays a futex wake-up. On Gemma 3 270M the decoder ran slower on a second thread when
+the main thread had loaded the model on two threads than when it never had (measured:
+docs/serving-benchmark-history.md#2026-11-26-fourth-only-the-engine-thread-runs-torch-wide). So the model loads
+on a thread that exits afterwards (its team goes with it), and every thread corral starts besides the engine's
+runs torch on one thread.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Answers that close: when a structured answer's token budget runs low, or the model runs away, the engine
 ends it with the shortest completion the grammar allows (corral/structured/closing.py) instead of cutting it mid-value.
 
-When to look: a search costs a few mask fills (~1-5 ms), so it runs only once the room left (max_tokens or
-the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that found a
-completion of n tokens, again once half the slack beyond n + `MARGIN` is used; after one that found nothing,
-again in `MISS_RETRY` tokens, then twice that. It closes when the completion would leave less than `MARGIN`
-tokens: one more step appends a token plus any the grammar forces, and may open a nested value that needs more
-to close. If a step still leaves no completion that fits (it opened an object with required properties, say),
-the engine takes that step back and closes from where the last completion was found, which still fits: that
-room was larger by the tokens the step added.
+When to look: a search costs a few mask fills (docs/measured-choices.md#closing-answers), so it runs only once the
+room left (max_tokens or the context, whichever ends first) is within `FIRST_CHECK` tokens, and after a search that
+found a completion of n tokens, again once half the slack beyond n + `MARGIN` is used; after one that found
+nothing, again in `MISS_RETRY` tokens, then twice that. It closes when the completion would leave less than
+`MARGIN` tokens: one more step appends a token plus any the grammar forces, and may open a nested value that needs
+more to close. If a step still leaves no completion that fits (it opened an object with required properties, say),
+the engine takes that step back and closes from where the last completion was found, which still fits: that room
+was larger by the tokens the step added.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ MISS_DOUBLINGS = 1
 RUNAWAY_DEADLINE_S = 0.2  # a runaway's search: once per answer, and worth more than the budget's per-step one
 # A budget search's size in mask fills, not time: the closing it finds then does not depend on how loaded the
 # machine is, and one that finds nothing costs the same at any batch size (a deadline of a few of the answer's
-# steps grew with the batch: 30 ms a miss at 8 rows on corral-tiny). Over JSONSchemaBench cuts on corral-tiny the
-# searches that found a completion used 1-26 fills (about one per token the grammar leaves open), and never more
-# than the room (the tokens the completion may take; Gemma 3 the same, with up to 256 allowed): so at most the
-# room, at most BUDGET_NODES. A fill costs ~0.2-0.3 ms on corral-tiny and Gemma 3, so a miss ~1-15 ms. The
-# runaway's deadline only bounds a pathological case: under the per-step 50 ms one a loaded machine missed at
-# every check and the answer was cut (Gemma 3, Github_hard o61653), which took a second, longer search to undo.
+# steps grew with the batch). Over JSONSchemaBench cuts on corral-tiny the searches that found a completion used
+# 1-26 fills (about one per token the grammar leaves open), and never more than the room (the tokens the
+# completion may take; Gemma 3 the same, with up to 256 allowed): so at most the room, at most BUDGET_NODES. The
+# runaway's deadline only bounds a pathological case: under the per-step deadline (closing.py's
+# DEFAULT_DEADLINE_S) a loaded machine missed at every check and the answer was cut (Gemma 3, Github_hard o61653),
+# which took a second, longer search to undo (measured: docs/measured-choices.md#closing-answers).
 BUDGET_NODES = 48
 
 

@@ -39,9 +39,9 @@ CLOSERS = '"}])'
 # A state that allows at most this many tokens has all of them tried (they are what the grammar insists on).
 FEW = 64
 BRANCH = 6  # moves tried from one state at most
-DEFAULT_NODES = 256  # mask fills per search at most (each costs ~0.1-1 ms on a 262k vocabulary)
-# A search holds up the engine step of every row in the batch: past this it gives up (measured p50 1-3 ms over
-# JSONSchemaBench cuts on Gemma's vocabulary; the slowest, under load, 0.8 s without this bound).
+DEFAULT_NODES = 256  # mask fills per search at most
+# A search holds up the engine step of every row in the batch: past this it gives up (the slowest measured, under
+# load, took 0.8 s without this bound: docs/measured-choices.md#closing-answers).
 DEFAULT_DEADLINE_S = 0.05
 
 
@@ -71,7 +71,7 @@ class ClosingVocabulary:
     tokenizer: TokenizerSpec
     closing_ids: list[int]  # ranked best first
     # Decoded on first use and kept for the tokenizer's life: searches near every answer's end revisit the same
-    # few hundred tokens, and a decode through the tokenizer costs ~10 us.
+    # few hundred tokens, each a decode through the tokenizer otherwise (docs/measured-choices.md#closing-answers).
     pieces: dict[int, Piece] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -23,9 +23,9 @@ from corral.structured.answer_closing import (
 )
 from corral.structured.closing import ClosingVocabulary
 
-# Openings kept (grammar, backend, room, keys, examples). An app sends the same schema again and again; its
-# opening search took ~11 ms of the engine thread per request (Gemma 3, JSONSchemaBench at 32 tokens, py-spy:
-# 8.5 % of the engine's time at concurrency 8), every row of the batch waiting on it.
+# Openings kept (grammar, backend, room, keys, examples). An app sends the same schema again and again, and its
+# opening search held up the engine thread for every request, every row of the batch waiting on it (measured:
+# docs/measured-choices.md#closing-answers).
 OPENINGS_KEPT = 512
 
 

@@ -27,8 +27,9 @@ class JsonScan:
     last: str = ""  # the last character fed
 
     def copy(self) -> JsonScan:
-        # Field by field: the closing search copies a scan per candidate token (~150k a second under load), and
-        # dataclasses.replace, which re-runs __init__ through its field machinery, was ~8 us of each ~9.
+        # Field by field: the closing search copies a scan per candidate token, and dataclasses.replace, which
+        # re-runs __init__ through its field machinery, took most of each copy's time (measured:
+        # docs/measured-choices.md#closing-answers).
         other = JsonScan.__new__(JsonScan)
         other.__dict__.update(self.__dict__)
         other.stack = list(self.stack)

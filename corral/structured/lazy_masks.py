@@ -1,14 +1,14 @@
 """Grammar masks only where a greedy pick needs one: rows in wide, costly grammar states pick first and are
 checked after.
 
-A mask costs its fill: the grammar engine walks the vocabulary's token trie, and where a state allows most of
-the vocabulary (an SQL identifier, a CSV field, free words under a regex) that is 1-3 ms a row on Gemma 3's
-262,144 tokens. Fills run on a worker thread beside the forward, but on two cores the forward uses both, so
-eight such rows a step slow the step itself. A greedy row's masked pick is its unmasked pick whenever that
-token is allowed (the best of all tokens, if allowed, is the best of the allowed ones). So a row whose last
-mask was wide and costly skips the fill; it is picked from its full logits and the token is checked with one
-`validate_tokens` call. Only a refused token costs the fill, then, on the engine thread, and the row is picked
-again under its mask: the same token as a masked step would have given, either way.
+A mask costs its fill: the grammar engine walks the vocabulary's token trie, and where a state allows most of the
+vocabulary (an SQL identifier, a CSV field, free words under a regex) that is 1-3 ms a row on Gemma 3's 262,144
+tokens (measured: docs/measured-choices.md#lazy-masks). Fills run on a worker thread beside the forward, but on two
+cores the forward uses both, so eight such rows a step slow the step itself. A greedy row's masked pick is its
+unmasked pick whenever that token is allowed (the best of all tokens, if allowed, is the best of the allowed ones).
+So a row whose last mask was wide and costly skips the fill; it is picked from its full logits and the token is
+checked with one `validate_tokens` call. Only a refused token costs the fill, then, on the engine thread, and the
+row is picked again under its mask: the same token as a masked step would have given, either way.
 
 Which rows: greedy ones that report no logprobs (a sampled row's draw, and reported logprobs, are over the
 masked distribution), whose last filled mask allowed more than the sparse-head limit (a sparse row's head
@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from corral.server.engine.sampling import SamplingParams
 
 # Only costly fills skip: a cheap one overlaps the forward well enough, and a state that narrows during a run of
-# skipped fills computes its full head row where its mask would have cut it to a few ids. Measured on Gemma 3
-# at concurrency 8 (fp16, this machine): from 500 µs, JSON Schema answers (fills ~50-500 µs a row) skipped ~500
-# fills per 96 requests and lost 2-10 % of their tokens per second; from 1,500 µs they skip ~20 and grammars
-# (SQL, CSV: 1-3 ms) still skip ~530 per 48 requests, +20 % tokens per second.
+# skipped fills computes its full head row where its mask would have cut it to a few ids. The threshold sits above
+# JSON Schema's fills, whose skips cost their answers tokens per second, and below wide grammars' (SQL, CSV), whose
+# skips gained (measured on Gemma 3 at concurrency 8: docs/measured-choices.md#lazy-masks).
 MIN_FILL_US = 1500.0
 MAX_STREAK = 16  # unmasked picks in a row before one masked step re-reads how wide the state is
 MISS_BACKOFF = 4  # masked steps after a refused pick, doubled per refusal in a row ...

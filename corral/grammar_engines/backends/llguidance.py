@@ -1,12 +1,13 @@
 r"""llguidance, as corral knows it without importing it: traits, keyword table and sandbox codec.
 
 Routing: JSON (json_schema, json_object, tool calls) goes to llguidance first, from measurements
-(docs/benchmarks.md, masks mode, 40 schemas per dev subset, 2 CPU cores):
+(docs/benchmarks.md, masks mode, 40 schemas per dev subset, 2 CPU cores; the figures when the choice was made:
+docs/measured-choices.md#grammar-routing):
 - strictness: llguidance accepted 0 invalid instances, xgrammar 15 (keywords: type, oneOf, enum, minItems,
   maximum, additionalProperties, format) — xgrammar relaxes oneOf to anyOf, ignores patternProperties value
   types, and on Github_trivial/o44455 (root `type: object` + `allOf`) emitted a bare string;
-- coverage and compile time: llguidance declared 88.2 % vs 82.1 % and compiled in 1-3 ms (p50) vs up to
-  2.3 s; xgrammar timed out on 25/40 Github_hard and 13/40 Kubernetes schemas;
+- coverage and compile time: llguidance declared more schemas and compiled them in milliseconds, where
+  xgrammar took up to seconds and timed out on many Github_hard and Kubernetes schemas;
 - string length bounds: xgrammar 0.2.8 compiles them into huge repetition rules (slow masks) and admits
   raw control characters there.
 What llguidance refuses (e.g. `not`, `dependencies`, non-disjoint `oneOf`, unknown formats) falls back to
@@ -15,20 +16,17 @@ oneOf compiled as anyOf) is tried right after its full compile, before xgrammar'
 on the 8,499-schema dev set llguidance refused 891 schemas; xgrammar then compiled 756 of them, timed out
 on 25 and 110 were refused by both, mostly for `not` (61), `dependencies` (32) and `if/then/else` (7).
 
-Regexes go to llguidance first too, measured by `corral bench kinds` (median of 3 runs, corral-tiny's tokenizer,
-2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmarks.md): a regex that allows many tokens at
-a position costs xgrammar 2-16× more per mask (`([a-z]{2,6} ){30}[a-z]{2,6}` 11,881 µs/token vs 725,
-an e-mail list 496 vs 244, a sentence 2,069 vs 701, `[a-z]{1,4}@[a-z]{1,4}\.com` 709 vs 120), while narrow ones
-(dates, timestamps, phone numbers, alternations) cost both 5-40 µs (one unbounded e-mail, 44 vs 179, is the
-widest gap the other way). Its regex dialect is also Python's where the two differ, and Python's `re` is the
-final check: `.` excludes a newline and `\d`, `\w` are Unicode (xgrammar lets `.` match a newline, which the
-check then fails). A regex it refuses (`[\d-z]`) still goes to xgrammar. What it does not bound at compile time:
-its lexer is built lazily, so a regex that explodes it (300 counted repetitions in a row, which xgrammar refuses
-at the compile deadline) compiles in milliseconds and fails at a later mask with the lexer's own limit, so
-such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with xgrammar
-(corral/grammar_engines/backends/xgrammar.py says why), but for wide Lark grammars that provably lex the same greedily,
-which
-xgrammar yields (a Lark grammar's counts past MAX_COUNTED make llguidance yield it back)."""
+Regexes go to llguidance first too, measured by `corral bench kinds`
+(docs/benchmarks.md#mask-cost-per-constraint-kind-corral-bench-kinds): a regex that allows many tokens at a
+position costs xgrammar 2-16× more per mask, while narrow ones (dates, timestamps, phone numbers, alternations)
+cost both little (one unbounded e-mail is the widest gap the other way). Its regex dialect is also Python's where
+the two differ, and Python's `re` is the final check: `.` excludes a newline and `\d`, `\w` are Unicode (xgrammar
+lets `.` match a newline, which the check then fails). A regex it refuses (`[\d-z]`) still goes to xgrammar. What
+it does not bound at compile time: its lexer is built lazily, so a regex that explodes it (300 counted repetitions
+in a row, which xgrammar refuses at the compile deadline) compiles in milliseconds and fails at a later mask with
+the lexer's own limit, so such regexes yield to xgrammar (`heavy_counts`). Grammars and choices stay with xgrammar
+(corral/grammar_engines/backends/xgrammar.py says why), but for wide Lark grammars that provably lex the same
+greedily, which xgrammar yields (a Lark grammar's counts past MAX_COUNTED make llguidance yield it back)."""
 
 from __future__ import annotations
 
@@ -52,9 +50,10 @@ FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname
 
 # llguidance builds a regex's lexer lazily, at mask time, where only its own limits bound the cost (on the engine
 # thread, holding up every request's step): 300 counted repetitions in a row (their counts sum to ~60,000)
-# compile in 12 ms and fail ~10 tokens in ("too many expressions constructed"); `((x{1000}){1000}){1000}`
+# compile at once and fail ~10 tokens in ("too many expressions constructed"); `((x{1000}){1000}){1000}`
 # (3,000) spent 1.3 s in its first mask and failed. xgrammar refuses the first at the compile deadline, in a
-# killable worker, and serves the second. The wide regexes measured faster here sum to 73 at most.
+# killable worker, and serves the second. The wide regexes measured faster here sum to 73 at most (measured:
+# docs/measured-choices.md#counted-repetitions-under-llguidance).
 MAX_COUNTED = 1_000
 _COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 

@@ -1,26 +1,22 @@
 """xgrammar, as corral knows it without importing it: traits, keyword table, where its engine and codec are.
 
 Routing: xgrammar ranks first for grammars (EBNF/GBNF, Lark) and choices, second for JSON Schema and regexes
-(corral/grammar_engines/backends/llguidance.py says why). Measured by `corral bench kinds` (median of 3 runs,
-corral-tiny's
-tokenizer, 2 shared cores; `--model gemma-3-270m` alike; table in docs/benchmarks.md):
-- choices: xgrammar's masks are the cheaper, 6-10 µs/token against 14-58 for 3 to 500 options, and 23-32 µs
-  against 76-482 per step of 8 rows;
-- grammars: correctness before speed. llguidance fills wide grammars' masks faster (a CSV Lark grammar 1,884
-  µs/token vs 11,399, a JSON-like GBNF 36 vs 131; narrow ones cost both 12-40 µs), but it lexes terminals
-  greedily, which xgrammar (a character-level CFG, as GBNF is defined) does not: under llguidance
-  `root ::= x "ab"`, `x ::= "a"*` refuses "aaab", a Lark terminal `/[a-z]+/` before "b" refuses "aab", and
-  llguidance 1.9.1's mask after "aa" on the first grammar did not return (minutes, growing memory), which would
-  hold up every request's step. Except a wide Lark grammar whose terminals provably lex the same greedily
-  (corral/grammars/lark_lexing.py: a CSV's cells, words between spaces, key=value pairs): there both engines accept the
-  same texts, and xgrammar yields it to llguidance.
+(corral/grammar_engines/backends/llguidance.py says why). Measured by `corral bench kinds`
+(docs/benchmarks.md#mask-cost-per-constraint-kind-corral-bench-kinds):
+- choices: xgrammar's masks are the cheaper, for 3 to 500 options and for a step of 8 rows alike;
+- grammars: correctness before speed. llguidance fills wide grammars' masks faster (a CSV Lark grammar several
+  times; narrow ones cost both little), but it lexes terminals greedily, which xgrammar (a character-level CFG,
+  as GBNF is defined) does not: under llguidance `root ::= x "ab"`, `x ::= "a"*` refuses "aaab", a Lark terminal
+  `/[a-z]+/` before "b" refuses "aab", and llguidance 1.9.1's mask after "aa" on the first grammar did not return
+  (minutes, growing memory), which would hold up every request's step. Except a wide Lark grammar whose terminals
+  provably lex the same greedily (corral/grammars/lark_lexing.py: a CSV's cells, words between spaces, key=value
+  pairs): there both engines accept the same texts, and xgrammar yields it to llguidance.
 For JSON Schema it refuses the keywords it would silently ignore (IGNORED_KEYWORDS), so a schema llguidance
 refused and xgrammar takes is held where the engine can; what it compiles but relaxes (`oneOf` as `anyOf`,
 formats, some `enum` and `maximum`) is closed by the contract guard that `auto` serves through
-(corral/grammar_engines/contract_guard.py). It is given each JSON Schema with the keywords beside an `anyOf`/`oneOf`
-moved into
-the branches (corral/grammars/combinator_siblings.py): it drops them otherwise, and a branch that names no type lets the
-answer be any JSON value."""
+(corral/grammar_engines/contract_guard.py). It is given each JSON Schema with the keywords beside an
+`anyOf`/`oneOf` moved into the branches (corral/grammars/combinator_siblings.py): it drops them otherwise, and a
+branch that names no type lets the answer be any JSON value."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ class StepPlan:
     decode_window_mask: torch.Tensor | None  # the same for sliding-window layers (keys past the window hidden)
     multi: tuple[_MultiRow, ...]
     # Every row feeds one token and the rows are consecutive slots in pack order: the pack itself is the query
-    # block (no zero-filled block, scatter or gather; 4 ms of Gemma 3's ~90 ms step at one row).
+    # block (no zero-filled block, scatter or gather; measured: docs/changelog.md#2026-11-26-second).
     direct: bool = False
 
 
@@ -120,8 +120,8 @@ class InPlaceKVCache:
     def plan(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int]) -> StepPlan:
         """Lay out a step whose rows feed `counts[i]` tokens to slot `slots[i]` from position `starts[i]`,
         packed in row order. Binds the plan for the following forward and returns it."""
-        # Index arithmetic in numpy over the whole pack: per-token Python lists and many small tensors cost
-        # 0.2-1 ms a step (a third of a decode step of the default model).
+        # Index arithmetic in numpy over the whole pack: per-token Python lists and many small tensors cost up to
+        # a third of a decode step of the default model (measured: docs/measured-choices.md#slot-attention).
         slot_arr = np.asarray(slots, dtype=np.int64)
         start_arr = np.asarray(starts, dtype=np.int64)
         count_arr = np.asarray(counts, dtype=np.int64)

@@ -32,8 +32,8 @@ COST_WINDOW = 256  # decode steps the step-cost fit reads
 # A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
 # (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
 # the engine thread), each row (its mask, sampling and bookkeeping) and a step whose head product has more than
-# one row (ggml's product of one row is its own fast kernel: on Gemma 3 one head row took 13 ms, two 28, eight
-# 47; the first extra row costs what the next six do). COST_PRIOR: the parts relative to the mean
+# one row (ggml's product of one row is its own fast kernel: the first extra row costs what the next six do;
+# measured: docs/measured-choices.md#speculation-step-cost). COST_PRIOR: the parts relative to the mean
 # step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
 # as (ridge regression towards it).
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)

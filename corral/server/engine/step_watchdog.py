@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 EXIT_STATUS = 70  # EX_SOFTWARE: an internal error a restart may clear
 # A step that computes a long prompt is slow, not hung: its deadline grows by the base deadline for every this many
-# tokens it computes. A prompt is computed in one step, and Qwen2.5 1.5B prefills ~37 tokens/s on 2 busy cores
-# (slower under load): its 1,555-token prompt of 12 tools took over 60 s with other work on the machine, and the
-# watchdog ended the server. 512 tokens a deadline allows ~8.5 tokens/s at the default 60 s.
+# tokens it computes (a prompt is computed in one step, and a long one had the watchdog end the server). 512 tokens
+# a deadline allows ~8.5 tokens/s at the default 60 s, well below Qwen2.5 1.5B's prefill on 2 busy cores
+# (measured: docs/measured-choices.md#hung-step-deadline).
 TOKENS_PER_DEADLINE = 512
 
 

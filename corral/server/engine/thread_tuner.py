@@ -1,10 +1,11 @@
 """How many CPU threads torch gets for each forward, chosen from the forwards' measured times.
 
-On this project's 2-core machine a second torch thread takes Gemma 3's one-row decode step from ~67 to ~51 ms
-when the other core is free, and more than doubles it (~89 -> ~185 ms) when something else keeps that core
-busy: an OpenMP thread that loses its core stalls every parallel region at the barrier. Whether the core is
-free depends on things the engine cannot see (HTTP, other processes) as well as one it can (the mask thread
-filling this step's grammar masks), so the choice is measured, per kind of forward, rather than fixed.
+On this project's 2-core machine a second torch thread shortens Gemma 3's one-row decode step when the other core
+is free, and more than doubles it when something else keeps that core busy (measured:
+docs/measured-choices.md#torch-threads): an OpenMP thread that loses its core stalls every parallel region at the
+barrier. Whether the core is free depends on things the engine cannot see (HTTP, other processes) as well as one
+it can (the mask thread filling this step's grammar masks), so the choice is measured, per kind of forward,
+rather than fixed.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class ThreadTuner:
     tokens). Each choice is tried `warmup` times first; then the one with the lowest moving average runs,
     and each other one is re-tried every `explore_every` visits so a change in the machine's load is seen: a
     re-try's time replaces that count's stale average (if it wins by noise, the forwards it then runs correct
-    the average within a few steps). A re-try that finds its count far slower still (by `far_slower`: one
-    thread against two on Gemma 3 at one row, ~49 against ~28 ms) doubles that count's interval, up to
+    the average within a few steps). A re-try that finds its count far slower still (by `far_slower`, as one
+    thread is against two on Gemma 3 at one row) doubles that count's interval, up to
     `max_backoff` times `explore_every`, since each such re-try costs a step its difference; one that comes
     close or wins resets it. The winner's own slowdown needs no re-try: its average rises as it runs."""
 

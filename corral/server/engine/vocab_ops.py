@@ -1,11 +1,11 @@
 """Whole-vocabulary operations of one decode step, written for CPU cost.
 
 A vocabulary of 128k entries makes the obvious tensor calls the most expensive part of a sampled step on CPU
-(measured with `corral bench sampler`): `torch.argmax` walks the row without vectorising, `torch.multinomial`
-and `exponential_` generate one random number per entry, and a full descending sort for top-p/top-k costs
-~10 ms per row. Each function here gives the same answer with work proportional to what the answer needs:
-an argmax through vectorised chunk maxima, one uniform number per row against the cumulative distribution,
-and filters that sort only the tokens that can survive them.
+(measured with `corral bench sampler`: docs/measured-choices.md#vocabulary-operations): `torch.argmax` walks the
+row without vectorising, `torch.multinomial` and `exponential_` generate one random number per entry, and a full
+descending sort for top-p/top-k costs ~10 ms per row. Each function here gives the same answer with work
+proportional to what the answer needs: an argmax through vectorised chunk maxima, one uniform number per row
+against the cumulative distribution, and filters that sort only the tokens that can survive them.
 """
 
 from __future__ import annotations

@@ -145,8 +145,8 @@ class GgufFile:
     def repack(self, names: Iterable[str]) -> int:
         """Repack the named weights that ggml's CPU kernels take in an interleaved layout on this CPU (on AVX2: Q4_0,
         Q4_K, IQ4_NL with rows in multiples of 8) into a buffer of that layout, as llama.cpp does at load: their
-        products then run ggml's GEMM/GEMV kernels for it (measured on Qwen2.5 1.5B here: a 256-token prompt 36
-        against 28 tokens/s, a step of 8 rows 320 against 364 ms). The file's pages of those weights are released
+        products then run ggml's GEMM/GEMV kernels for it (faster prompts and steps on Qwen2.5 1.5B; measured:
+        docs/measured-choices.md#gguf-repacking). The file's pages of those weights are released
         from this process (the copy replaces them, the memory stays one weight's worth). Returns the bytes
         repacked; 0 where ggml offers no such layout. Call before `weight` hands the weights out."""
         kind = repack_buffer_type()
