@@ -6,6 +6,8 @@ sliding window, several slots; a restricted row's logits against the full head's
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,36 @@ def test_repacked_weights_give_the_logits_of_the_files_own(written: tuple[Any, A
     # a weight laid out wrong would be off by the scale itself.
     torch.testing.assert_close(ours, theirs, atol=2e-2 * float(theirs.abs().max()), rtol=0.0)
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_repacked_weights_that_compute_wrong_are_not_served(
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ggml's interleaved kernels are chosen per CPU, and on one (an AVX-512/AMX Xeon) they answered a real model's
+    prompts with noise: a loaded decoder keeps its repacked weights only where a probe prompt gives it the plain
+    decoder's logits (corral/server/models/repack_check.py). Here the repacked weights are spoiled after repacking
+    (NaN scales), and the file is served where its blocks lie, with a warning that says so."""
+    import corral.server.models.gguf_file as gguf_file
+    decoder, reference = written
+    if not decoder.file.repacked_bytes:
+        pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
+    repack = gguf_file.GgufFile.repack
+
+    def spoiled(self: gguf_file.GgufFile, names: Any) -> int:
+        done = repack(self, names)
+        for weight in self._weights.values():  # after repack, only the repacked weights are made
+            junk = bytes([0xFF]) * weight.nbytes  # every float16 scale NaN
+            gguf_file._tensor_set(weight.ggml_weight, ctypes.cast(ctypes.c_char_p(junk), ctypes.c_void_p).value or 0,
+                                  weight.nbytes)
+        return done
+
+    monkeypatch.setattr(gguf_file.GgufFile, "repack", spoiled)
+    with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
+        served = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
+    assert served.file.repacked_bytes == 0
+    assert "repacked weights give" in caplog.text and "wrong logits on this CPU" in caplog.text
+    prompt = _sequence(6, 12)
+    ours = _runner(served).forward([ForwardRow(0, 0, prompt)])
+    theirs = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, theirs, atol=2e-2 * float(theirs.abs().max()), rtol=0.0)

@@ -29,6 +29,7 @@ from corral.kernels.logit_refinement import refine_near_top
 from corral.kernels.row_kernel import RowKernel
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
+from corral.server.models.repack_check import repacked_agree
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,15 @@ class GgufDecoder(torch.nn.Module):
     quantization = "gguf"
     kv_dtype = KV_DTYPE
 
-    def __init__(self, file: GgufFile, config: Any, arch: str) -> None:
+    def __init__(self, file: GgufFile, config: Any, arch: str, repack: bool = True) -> None:
         super().__init__()
         reason = unsupported_reason(config)
         if reason is not None:
             raise ValueError(f"corral's decoder cannot run this model: {reason}")
         self.file, self.config, self.arch = file, config, arch
         self.shape: DecoderShape = decoder_shape(config)
-        file.repack(self._layer_weight_names())  # before the graphs take the weights
+        if repack:
+            file.repack(self._layer_weight_names())  # before the graphs take the weights
         s = self.shape
         self.rope_types = tuple(dict.fromkeys(s.layer_types))
         ropes = [self._rope(config, t) for t in self.rope_types]
@@ -192,5 +194,18 @@ class GgufDecoder(torch.nn.Module):
 
 
 def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
-    """The decoder over `path`'s blocks; ValueError (GGUFTensorError) where the file does not fit the config."""
-    return GgufDecoder(GgufFile(path), config, arch).eval()
+    """The decoder over `path`'s blocks; ValueError (GGUFTensorError) where the file does not fit the config.
+    Weights ggml repacks are kept so only where a probe prompt shows them right on this CPU (repack_check.py)."""
+    decoder = GgufDecoder(GgufFile(path), config, arch).eval()
+    if not decoder.file.repacked_bytes:
+        return decoder
+    plain = GgufDecoder(GgufFile(path), config, arch, repack=False).eval()
+    agree, gap = repacked_agree(decoder, plain, decoder.head.out_features)
+    if agree:
+        log.debug("repacked weights of %s agree with its blocks (gap %.2g of the logits' scale)", path.name, gap)
+        plain.file.close()
+        return decoder
+    log.warning("ggml's repacked weights give %s wrong logits on this CPU (off by %.0f %% of their scale on a "
+                "probe prompt): serving its blocks where they lie (slower prompts)", path.name, 100 * gap)
+    decoder.file.close()
+    return plain
