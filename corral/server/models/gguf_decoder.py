@@ -201,6 +201,8 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
         return decoder
     plain = GgufDecoder(GgufFile(path), config, arch, repack=False).eval()
     agree, gap = repacked_agree(decoder, plain, decoder.head.out_features)
+    for probed in (decoder, plain):  # the probe's steps are not the server's
+        probed.graphs.decode_steps = probed.graphs.prompt_steps = 0
     if agree:
         log.debug("repacked weights of %s agree with its blocks (gap %.2g of the logits' scale)", path.name, gap)
         plain.file.close()
