@@ -14,7 +14,7 @@ import torch
 VOCAB = 256
 # GGUF name -> the block type its weight is written in (what the gguf package can write: block 32 types).
 BLOCK_TYPES = {"attn_q": "Q5_0", "attn_k": "Q8_0", "attn_v": "Q4_0", "attn_output": "Q4_0", "ffn_gate": "Q8_0",
-               "ffn_up": "Q5_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q4_0"}
+               "ffn_up": "Q4_0", "ffn_down": "Q8_0", "token_embd": "Q8_0", "output": "Q4_0"}
 _PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}

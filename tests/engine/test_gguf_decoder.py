@@ -166,6 +166,23 @@ def test_repacked_weights_give_the_logits_of_the_files_own(written: tuple[Any, A
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
+def _spoil_repacked(monkeypatch: pytest.MonkeyPatch, spoils: Any) -> None:
+    """Repacking then spoils the repacked weights `spoils(name)` picks: every float16 scale NaN."""
+    import corral.server.models.gguf_file as gguf_file
+    repack = gguf_file.GgufFile.repack
+
+    def spoiled(self: gguf_file.GgufFile, names: Any) -> int:
+        done = repack(self, names)
+        for name, weight in self._weights.items():  # after repack, only the repacked weights are made
+            if spoils(name):
+                junk = bytes([0xFF]) * weight.nbytes
+                address = ctypes.cast(ctypes.c_char_p(junk), ctypes.c_void_p).value or 0
+                gguf_file._tensor_set(weight.ggml_weight, address, weight.nbytes)
+        return done
+
+    monkeypatch.setattr(gguf_file.GgufFile, "repack", spoiled)
+
+
 def test_repacked_weights_that_compute_wrong_are_not_served(
     written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -173,27 +190,41 @@ def test_repacked_weights_that_compute_wrong_are_not_served(
     prompts with noise: a loaded decoder keeps its repacked weights only where a probe prompt gives it the plain
     decoder's logits (corral/server/models/repack_check.py). Here the repacked weights are spoiled after repacking
     (NaN scales), and the file is served where its blocks lie, with a warning that says so."""
-    import corral.server.models.gguf_file as gguf_file
     decoder, reference = written
     if not decoder.file.repacked_bytes:
         pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
-    repack = gguf_file.GgufFile.repack
-
-    def spoiled(self: gguf_file.GgufFile, names: Any) -> int:
-        done = repack(self, names)
-        for weight in self._weights.values():  # after repack, only the repacked weights are made
-            junk = bytes([0xFF]) * weight.nbytes  # every float16 scale NaN
-            gguf_file._tensor_set(weight.ggml_weight, ctypes.cast(ctypes.c_char_p(junk), ctypes.c_void_p).value or 0,
-                                  weight.nbytes)
-        return done
-
-    monkeypatch.setattr(gguf_file.GgufFile, "repack", spoiled)
+    _spoil_repacked(monkeypatch, lambda name: True)
     with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
         served = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
     assert served.file.repacked_bytes == 0
-    assert "repacked weights give" in caplog.text and "wrong logits on this CPU" in caplog.text
+    assert "wrong logits on this CPU" in caplog.text and "none repacked" in caplog.text
     prompt = _sequence(6, 12)
     ours = _runner(served).forward([ForwardRow(0, 0, prompt)])
     theirs = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
     assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, theirs, atol=2e-2 * float(theirs.abs().max()), rtol=0.0)
+
+
+def test_where_the_attention_weights_repack_wrong_the_mlps_alone_are_repacked(
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second stage (on the CPU where repacking failed, the MLP's weights were right and carried most of the
+    prompt speed): attention weights spoiled, MLP weights right, and the decoder served has the MLP's alone
+    repacked, with the first stage's warning."""
+    decoder, reference = written
+    if not decoder.file.repacked_bytes:  # its Q4_0 weights, ffn_up among them
+        pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
+    _spoil_repacked(monkeypatch, lambda name: ".ffn_" not in name)
+    with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
+        served = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
+    file = served.file
+    base, end = int(file._map.ctypes.data), int(file._map.ctypes.data) + file._map.size
+    repacked = [name for name in file.index if name.startswith("blk.") and name.endswith(".weight")
+                and "norm" not in name and not base <= int(file.weight(name).ggml_weight.contents.data) < end]
+    assert repacked and all(".ffn_" in name for name in repacked)
+    assert file.repacked_bytes == sum(file.nbytes(name) for name in repacked)
+    assert "wrong logits on this CPU" in caplog.text and "none repacked" not in caplog.text
+    prompt = _sequence(7, 12)
+    ours = _runner(served).forward([ForwardRow(0, 0, prompt)])
+    theirs = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
     torch.testing.assert_close(ours, theirs, atol=2e-2 * float(theirs.abs().max()), rtol=0.0)
