@@ -19,6 +19,7 @@ from gguf_models import VOCAB, write_small_gguf
 from corral.kernels.row_kernel import layer_graphs_available
 from corral.server.engine.model_runner import ForwardRow, ModelRunner
 from corral.server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
+from corral.server.models.gguf_file import GgufFile
 from corral.server.models.loading import LoadedModel
 
 pytestmark = pytest.mark.skipif(
@@ -146,16 +147,10 @@ def test_weights_stay_in_the_files_mapping_or_are_repacked_once(written: tuple[A
 
 def test_repacked_weights_give_the_logits_of_the_files_own(written: tuple[Any, Any], tmp_path: Path) -> None:
     """The same file served without repacking (its weights where they lie): the same logits to rounding."""
-    import corral.server.models.gguf_file as gguf_file
     decoder, reference = written
     if not decoder.file.repacked_bytes:
         pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
-    original = gguf_file.repack_buffer_type
-    try:
-        gguf_file.repack_buffer_type = lambda: None  # type: ignore[assignment]
-        plain = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
-    finally:
-        gguf_file.repack_buffer_type = original  # type: ignore[assignment]
+    plain = GgufDecoder(GgufFile(decoder.file.path), reference.config, decoder.arch, repack=()).eval()
     assert plain.file.repacked_bytes == 0
     prompt = _sequence(5, 20)
     ours = _runner(decoder).forward([ForwardRow(0, 0, prompt), ForwardRow(1, 0, prompt[:3])])

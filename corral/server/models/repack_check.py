@@ -5,21 +5,18 @@ llama.cpp does at load (corral/server/models/gguf_file.py). Those kernels are ch
 on one CPU they were wrong inside the decoder's graph while right alone: on an Intel Xeon with AVX-512 and AMX
 (2026-11-29), Qwen2.5-Coder 1.5B's repacked blocks gave logits off by half their scale on a 20-token prompt
 and answered "Name three colours." with noise, where the same products agreed to 1e-6 one by one. So a
-repacked decoder is believed only once one short prompt gives it the logits of the same file served where its
-blocks lie; else the file is served unrepacked (slower prompts, the same answers as llama.cpp's `--no-repack`).
+repacked decoder is believed only once short prompts give it the logits of the same file served where its
+blocks lie (corral/server/models/gguf_decoder.py tries every layer weight, then the MLP's alone, then none).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Protocol
 
 import torch
 
 from corral.kernels.decode_layout import DecodeLayout, LongRow, StepRows
 from corral.server.models.decoder_config import DecoderShape
-
-log = logging.getLogger(__name__)
 
 PROBE_TOKENS = 16
 # Logits a repacked decoder may differ from the plain one by, as a fraction of their scale at any probe position.
