@@ -14,6 +14,7 @@ from urllib.parse import urldefrag, urljoin
 import jsonschema
 from jsonschema import Draft202012Validator
 
+from corral.grammars.formats import FORMAT_CHECKER
 from corral.grammars.json_walk import objects_in
 from corral.grammars.spec import canonical_json
 
@@ -136,12 +137,9 @@ class OutputCheck:
     value: Any = None
 
 
-_FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
-
-
 def schema_error(schema: dict[str, Any] | bool, value: Any) -> str | None:
     """Where `value` breaks the full `schema` (jsonschema + format checker), or None when it holds."""
     validator_cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
-    validator = validator_cls(schema, format_checker=_FORMAT_CHECKER)
+    validator = validator_cls(schema, format_checker=FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     return None if error is None else f"at {json_pointer(error.absolute_path)}: {error.message}"

@@ -11,8 +11,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+
+from corral.grammars.formats import FORMAT_CHECKER
 
 ERROR_KEYS = frozenset({"message", "type", "param", "code"})
 
@@ -126,7 +128,7 @@ def _schema_problem(schema: Any, text: str) -> str | None:
     except (ValueError, RecursionError):
         return f"{_short(text)} is not JSON"
     try:
-        errors = Draft202012Validator(schema, format_checker=FormatChecker()).iter_errors(value)
+        errors = Draft202012Validator(schema, format_checker=FORMAT_CHECKER).iter_errors(value)
         first = next(errors, None)
     except (SchemaError, RecursionError, ValueError, TypeError, LookupError):
         return None  # the schema itself defeats the checker; the server's own answer is the evidence

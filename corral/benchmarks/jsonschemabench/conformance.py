@@ -10,9 +10,9 @@ import jsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from corral.grammars.formats import FORMAT_CHECKER, format_checker
 from corral.grammars.validation import check_schema, json_pointer
 
-FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 UNLABELLED = "(valid under its draft)"  # the data set calls it invalid but the validator finds no error
 UNCHECKABLE = "(validator error)"
 
@@ -44,7 +44,7 @@ def failing_keyword(schema: Any, instance: Any) -> tuple[str, str]:
     Uses the schema's own draft (the data set's labels follow it); `format` is split by format name."""
     try:
         cls = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
-        error = best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(instance))
+        error = best_match(cls(schema, format_checker=format_checker(cls)).iter_errors(instance))
     except Exception:
         return UNCHECKABLE, "/"
     if error is None:

@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from corral.benchmarks.quality.tasks import Compare, Field, Item, Task
+from corral.grammars.formats import FORMAT_CHECKER
 
 NUMBER_TOLERANCE = 0.005  # amounts are cents: 1250.5 and 1250.50 are one value
 _WORD = re.compile(r"[A-Za-z]+")
@@ -90,7 +91,7 @@ def schema_error(schema: dict[str, Any], value: Any) -> str | None:
     key = json.dumps(schema, sort_keys=True)
     validator = _validators.get(key)
     if validator is None:
-        validator = _validators[key] = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        validator = _validators[key] = Draft202012Validator(schema, format_checker=FORMAT_CHECKER)
     error = best_match(validator.iter_errors(value))
     if error is None:
         return None
