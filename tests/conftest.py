@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +17,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
 if TYPE_CHECKING:  # the engine loads torch; the settings below must come first
@@ -85,6 +83,7 @@ def _free_port() -> int:
 def start_server(**settings: object) -> tuple[RunningServer, object, threading.Thread]:
     import uvicorn
 
+    from corral.benchmarks.serve.server_proc import wait_healthy
     from corral.server.app import create_app
     from corral.server.models import load_model
     from corral.server.serving import Service
@@ -98,16 +97,7 @@ def start_server(**settings: object) -> tuple[RunningServer, object, threading.T
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("server did not become healthy within 120 s")
+    wait_healthy(base, 120)
     return RunningServer(base, service, app.state.frontend), server, thread
 
 

@@ -29,15 +29,18 @@ def free_port() -> int:
 
 def wait_healthy(base_url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the server exited with status {process.returncode} before it was healthy")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
+    # One client for every poll: a new one loads the CA bundle each time (~0.03 s of CPU, taken from the server
+    # that is starting).
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {process.returncode} before it was healthy")
+            try:
+                if client.get(f"{base_url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
     raise RuntimeError(f"{base_url}/health did not answer 200 within {timeout_s:g} s")
 
 
