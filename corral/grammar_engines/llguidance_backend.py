@@ -111,9 +111,7 @@ class LLGuidanceBackend:
     name = NAME
 
     def __init__(self, tokenizer: TokenizerSpec) -> None:
-        self._tokenizer = llguidance.hf.from_tokenizer(
-            tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.stop_token_ids)
-        )
+        self._tokenizer = ll_tokenizer(tokenizer)
         self._executor = llguidance.LLExecutor()
         self._markers: dict[str, dict[str, int]] = {}  # per tool-call format: marker text → special token id
 
@@ -187,6 +185,18 @@ class LLGuidanceBackend:
         width = bitmask.shape[1] * 4
         # Parallel over llguidance's own threads, GIL released; bitmask must be contiguous CPU int32.
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), width, bitmask.shape[0])
+
+
+def ll_tokenizer(tokenizer: TokenizerSpec) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer over `tokenizer`'s vocabulary. `llguidance.hf.from_tokenizer` copies the Rust
+    tokenizer only to switch off padding and truncation before serialising it; where both are off already, the
+    tokenizer is serialised as it is (0.6-0.9 s less on a 128k vocabulary, at every server and compile worker
+    start)."""
+    backend = getattr(tokenizer.hf_tokenizer, "backend_tokenizer", None)
+    eos = list(tokenizer.stop_token_ids)
+    if backend is not None and backend.padding is None and backend.truncation is None:
+        return llguidance.LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=eos)
+    return llguidance.hf.from_tokenizer(tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=eos)
 
 
 def _clean(message: str) -> str:

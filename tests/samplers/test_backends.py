@@ -359,3 +359,29 @@ def test_unexpected_backend_error_does_not_wedge_the_key(tokenizer_spec: Tokeniz
     with pytest.raises(Exception):  # noqa: B017 - any exception is fine, hanging is not
         cache.compile(spec, "exploding")
     assert _finishes_in_time(cache, spec, "exploding"), "second compile of the same spec hung"
+
+
+def test_llguidance_reads_the_tokenizer_as_its_own_helper_does(tokenizer_spec: TokenizerSpec) -> None:
+    """corral serialises the tokenizer for llguidance without the copy `llguidance.hf.from_tokenizer` makes: every
+    token's bytes, the special tokens and the stop tokens are the same either way."""
+    import copy
+
+    import llguidance.hf
+
+    from corral.grammar_engines.llguidance_backend import ll_tokenizer
+
+    hf = tokenizer_spec.hf_tokenizer
+    ours = ll_tokenizer(tokenizer_spec)
+    theirs = llguidance.hf.from_tokenizer(hf, n_vocab=tokenizer_spec.vocab_size,
+                                          eos_token=list(tokenizer_spec.stop_token_ids))
+    assert (ours.vocab_size, ours.eos_tokens) == (theirs.vocab_size, theirs.eos_tokens)
+    ids = list(range(ours.vocab_size))
+    assert [ours.decode_bytes([i]) for i in ids] == [theirs.decode_bytes([i]) for i in ids]
+    assert [ours.is_special_token(i) for i in ids] == [theirs.is_special_token(i) for i in ids]
+    text = "Tomás Berg, 58, lives in Lisbon: {\"age\": 58}\n"
+    assert ours.tokenize_str(text) == theirs.tokenize_str(text)
+    # A tokenizer that pads is handed to llguidance's helper, which switches padding off on a copy.
+    padded = copy.deepcopy(hf)
+    padded.backend_tokenizer.enable_padding(length=8)
+    spec = TokenizerSpec(padded, tokenizer_spec.vocab_size, tokenizer_spec.stop_token_ids)
+    assert ll_tokenizer(spec).tokenize_str(text) == ours.tokenize_str(text)
