@@ -13,6 +13,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -137,15 +138,35 @@ def write_gguf_header(path: Path, out_dir: Path) -> dict[str, Any]:
     return config
 
 
+# The readers `_parsed_once` blocks share inside `one_parse_per_file` (load_model: the header, then the weights).
+_shared_readers: ContextVar[dict[tuple[str, str], Any] | None] = ContextVar("shared_gguf_readers", default=None)
+
+
+@contextmanager
+def one_parse_per_file() -> Iterator[None]:
+    """Inside this block every read of a GGUF through transformers shares one parse per file: loading a GGUF on
+    a float path writes its config and tokenizer, then dequantizes its weights, and each would parse it again."""
+    if _shared_readers.get() is not None:
+        yield
+        return
+    token = _shared_readers.set({})
+    try:
+        yield
+    finally:
+        _shared_readers.reset(token)
+
+
 @contextmanager
 def _parsed_once() -> Iterator[None]:
     """transformers parses the file three times (tokenizer, config, weights), each parse walking every
     vocabulary string and merge: ~10 s apiece on a 128k-token Llama 3 vocabulary. Inside this block it gets
-    one reader per file (it imports `gguf.GGUFReader` at call time and only reads from the reader)."""
+    one reader per file (it imports `gguf.GGUFReader` at call time and only reads from the reader), shared
+    with the other blocks of a `one_parse_per_file`."""
     import gguf
 
     original = gguf.GGUFReader
-    readers: dict[tuple[str, str], Any] = {}
+    shared = _shared_readers.get()
+    readers: dict[tuple[str, str], Any] = shared if shared is not None else {}
 
     def parsed(path: Any, mode: str = "r") -> Any:
         key = (str(Path(path).resolve()), mode)

@@ -24,6 +24,7 @@ from corral.server.models.checkpoint_meta import (
     read_revision_token_id,
     read_stop_token_ids,
 )
+from corral.server.models.gguf_import import one_parse_per_file
 
 AUTO_QUANTIZATION: Quantization = "fp16"
 AUTO_WITHOUT_FBGEMM: Quantization = "int8"  # torch's own kernel, in every CPU build
@@ -94,26 +95,20 @@ def load_model(
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = read_chat_template(chat_template) if chat_template is not None else None
-    try:
-        resolved = resolve_model(model)
-    except UnresolvedModel as exc:
-        raise ModelLoadError(f"{exc}.") from exc
-    check_checkpoint_dir(resolved.path)
-    config = load_causal_config(resolved.path)
-    tokenizer = load_tokenizer(resolved.path, template)
-    # Checked before the (slow) weight load so a bad flag fails fast.
-    revision_token_id = read_revision_token_id(tokenizer, revision_token)
-    impl = _choose_impl(model_impl, config, torch_device)
-    quantized = _check_quantization(quantization, impl, torch_device, resolved.from_gguf)
-
-    network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
-    model_dir = resolved.path
-    if quantized == "gguf":
-        assert resolved.gguf is not None
-        network = _load_gguf(resolved.gguf, config)
-        model_dtype = torch.float32
-    else:
-        if resolved.converted is not None:
+    with one_parse_per_file():  # a GGUF's config and tokenizer, then its float copy, from one parse of the file
+        try:
+            resolved = resolve_model(model)
+        except UnresolvedModel as exc:
+            raise ModelLoadError(f"{exc}.") from exc
+        check_checkpoint_dir(resolved.path)
+        config = load_causal_config(resolved.path)
+        tokenizer = load_tokenizer(resolved.path, template)
+        # Checked before the (slow) weight load so a bad flag fails fast.
+        revision_token_id = read_revision_token_id(tokenizer, revision_token)
+        impl = _choose_impl(model_impl, config, torch_device)
+        quantized = _check_quantization(quantization, impl, torch_device, resolved.from_gguf)
+        model_dir = resolved.path
+        if quantized != "gguf" and resolved.converted is not None:
             # A GGUF's float paths: its weights dequantized to the serving dtype, the one asked for, else the
             # device's default.
             convert_to = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, torch_device)
@@ -122,6 +117,13 @@ def load_model(
                 model_dir = resolved.converted(convert_to)
             except UnresolvedModel as exc:
                 raise ModelLoadError(f"{exc}.") from exc
+
+    network: Any  # transformers' stubs are partial; treat the model as Any at this boundary
+    if quantized == "gguf":
+        assert resolved.gguf is not None
+        network = _load_gguf(resolved.gguf, config)
+        model_dtype = torch.float32
+    else:
         if impl == "corral":
             network = _load_corral(model_dir, config, dtype_arg, torch_device, quantized)
         else:
