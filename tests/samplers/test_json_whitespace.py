@@ -16,7 +16,7 @@ from conftest import TOKENIZER_FAMILIES, family_tokenizer
 
 from corral.grammar_engines.bitmask import allowed_ids
 from corral.grammar_engines.llguidance_backend import JSON_OPTIONS
-from corral.grammar_engines.protocol import Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.protocol import CompiledGrammar, Matcher, SamplerBackend, TokenizerSpec, allocate_bitmask
 from corral.grammar_engines.registry import BackendSet
 from corral.grammars.contract import validate_output
 from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
@@ -69,8 +69,20 @@ def encode(tokenizer: TokenizerSpec, text: str) -> list[int]:
     return [int(t) for t in tokenizer.hf_tokenizer.encode(text, add_special_tokens=False)]
 
 
+@functools.cache  # a compile is ~0.6 s on Gemma's vocabulary; a test takes a fresh matcher of the same grammar
+def _compiled(backend: SamplerBackend, spec: GrammarSpec) -> CompiledGrammar:
+    return backend.compile(spec)
+
+
 def matcher_for(backend: SamplerBackend, spec: GrammarSpec) -> Matcher:
-    return backend.new_matcher(backend.compile(spec))
+    return backend.new_matcher(_compiled(backend, spec))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_compiles() -> Iterator[None]:
+    """The cache holds the backends (and their vocabulary tables): it goes with the module."""
+    yield
+    _compiled.cache_clear()
 
 
 def free(spec: GrammarSpec) -> GrammarSpec:
