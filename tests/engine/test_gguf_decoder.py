@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,9 +162,11 @@ def test_repacked_weights_give_the_logits_of_the_files_own(written: tuple[Any, A
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
-def _spoil_repacked(monkeypatch: pytest.MonkeyPatch, spoils: Any) -> None:
-    """Repacking then spoils the repacked weights `spoils(name)` picks: every float16 scale NaN."""
+def _spoil_repacked(monkeypatch: pytest.MonkeyPatch, spoils: Any, cache: Path) -> None:
+    """Repacking then spoils the repacked weights `spoils(name)` picks: every float16 scale NaN. The verdicts go
+    to `cache`, apart from the right ones the module's loads kept."""
     import corral.server.models.gguf_file as gguf_file
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(cache))
     repack = gguf_file.GgufFile.repack
 
     def spoiled(self: gguf_file.GgufFile, names: Any) -> int:
@@ -179,7 +182,7 @@ def _spoil_repacked(monkeypatch: pytest.MonkeyPatch, spoils: Any) -> None:
 
 
 def test_repacked_weights_that_compute_wrong_are_not_served(
-    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """ggml's interleaved kernels are chosen per CPU, and on one (an AVX-512/AMX Xeon) they answered a real model's
     prompts with noise: a loaded decoder keeps its repacked weights only where a probe prompt gives it the plain
@@ -188,7 +191,7 @@ def test_repacked_weights_that_compute_wrong_are_not_served(
     decoder, reference = written
     if not decoder.file.repacked_bytes:
         pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
-    _spoil_repacked(monkeypatch, lambda name: True)
+    _spoil_repacked(monkeypatch, lambda name: True, tmp_path)
     with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
         served = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
     assert served.file.repacked_bytes == 0
@@ -201,7 +204,7 @@ def test_repacked_weights_that_compute_wrong_are_not_served(
 
 
 def test_where_the_attention_weights_repack_wrong_the_mlps_alone_are_repacked(
-    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """The second stage (on the CPU where repacking failed, the MLP's weights were right and carried most of the
     prompt speed): attention weights spoiled, MLP weights right, and the decoder served has the MLP's alone
@@ -209,7 +212,7 @@ def test_where_the_attention_weights_repack_wrong_the_mlps_alone_are_repacked(
     decoder, reference = written
     if not decoder.file.repacked_bytes:  # its Q4_0 weights, ffn_up among them
         pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
-    _spoil_repacked(monkeypatch, lambda name: ".ffn_" not in name)
+    _spoil_repacked(monkeypatch, lambda name: ".ffn_" not in name, tmp_path)
     with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
         served = load_gguf_decoder(decoder.file.path, reference.config, decoder.arch)
     file = served.file
@@ -223,3 +226,42 @@ def test_where_the_attention_weights_repack_wrong_the_mlps_alone_are_repacked(
     ours = _runner(served).forward([ForwardRow(0, 0, prompt)])
     theirs = _runner(decoder).forward([ForwardRow(0, 0, prompt)])
     torch.testing.assert_close(ours, theirs, atol=2e-2 * float(theirs.abs().max()), rtol=0.0)
+
+
+def test_a_verdict_is_probed_once_per_file_cpu_and_ggml_build(
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A restart reads the probe's verdict from corral's cache instead of probing again, wrong verdicts included;
+    a file changed since is probed again."""
+    import corral.server.models.gguf_decoder as gguf_decoder
+
+    decoder, reference = written
+    if not decoder.file.repacked_bytes:
+        pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
+    probes: list[float] = []
+    probe = gguf_decoder.repacked_agree
+
+    def counted(*args: Any) -> tuple[bool, float]:
+        verdict = probe(*args)
+        probes.append(verdict[1])
+        return verdict
+
+    monkeypatch.setattr(gguf_decoder, "repacked_agree", counted)
+    path = tmp_path / "copy.gguf"
+    path.write_bytes(decoder.file.path.read_bytes())
+    _spoil_repacked(monkeypatch, lambda name: ".ffn_" not in name, tmp_path / "cache")
+
+    def load() -> GgufDecoder:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="corral.server.models.gguf_decoder"):
+            return load_gguf_decoder(path, reference.config, decoder.arch)
+
+    first = load()
+    assert len(probes) == 2 and first.file.repacked_bytes < decoder.file.repacked_bytes  # the MLP's alone
+    again = load()
+    assert len(probes) == 2, "the verdicts were probed again"
+    assert again.file.repacked_bytes == first.file.repacked_bytes
+    assert "wrong logits on this CPU" in caplog.text  # a kept verdict still says what is served
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))
+    load()
+    assert len(probes) == 4

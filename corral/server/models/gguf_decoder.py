@@ -30,6 +30,7 @@ from corral.kernels.row_kernel import RowKernel
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
 from corral.server.models.repack_check import repacked_agree
+from corral.server.models.repack_verdicts import read_verdict, write_verdict
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ class GgufDecoder(torch.nn.Module):
 def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
     """The decoder over `path`'s blocks; ValueError (GGUFTensorError) where the file does not fit the config.
     Weights ggml repacks are kept so only where a probe prompt shows them right on this CPU (repack_check.py):
-    every layer weight, else the MLP's alone, else none."""
+    every layer weight, else the MLP's alone, else none. A verdict is probed once per file, CPU and ggml build
+    (repack_verdicts.py)."""
     plain: GgufDecoder | None = None
     for stage, parts in enumerate(REPACK_STAGES):
         decoder = GgufDecoder(GgufFile(path), config, arch, repack=parts).eval()
@@ -213,19 +215,23 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
                 return decoder  # nothing on this CPU to repack
             decoder.file.close()
             continue
-        plain = plain or GgufDecoder(GgufFile(path), config, arch, repack=()).eval()
-        agree, gap = repacked_agree(decoder, plain, decoder.head.out_features)
-        for probed in (decoder, plain):  # the probe's steps are not the server's
-            probed.graphs.decode_steps = probed.graphs.prompt_steps = 0
+        verdict = read_verdict(path, parts)  # probed at an earlier load on this CPU and ggml build
+        if verdict is None:
+            plain = plain or GgufDecoder(GgufFile(path), config, arch, repack=()).eval()
+            verdict = repacked_agree(decoder, plain, decoder.head.out_features)
+            for probed in (decoder, plain):  # the probe's steps are not the server's
+                probed.graphs.decode_steps = probed.graphs.prompt_steps = 0
+            write_verdict(path, parts, *verdict)
+        agree, gap = verdict
         if agree:
             log.log(logging.WARNING if stage else logging.DEBUG,  # a later stage: say what is served
                     "repacked weights (%s) of %s agree with its blocks (gap %.2g of the logits' scale): served so",
                     ", ".join(parts), path.name, gap)
-            plain.file.close()
+            if plain is not None:
+                plain.file.close()
             return decoder
         log.warning("ggml's repacked weights (%s) give %s wrong logits on this CPU (off by %.0f %% of their scale on "
                     "a probe prompt): not used", ", ".join(parts), path.name, 100 * gap)
         decoder.file.close()
-    assert plain is not None
     log.warning("serving %s's blocks where they lie, none repacked (slower prompts)", path.name)
-    return plain
+    return plain or GgufDecoder(GgufFile(path), config, arch, repack=()).eval()

@@ -1,0 +1,92 @@
+"""The repack probe's verdicts (corral/server/models/repack_check.py), kept in corral's cache per file, CPU and
+ggml build, so a restart does not probe again.
+
+A verdict depends only on the file's blocks, the kernels ggml picks for this CPU and the probe itself: the key
+names the file (path, size, modification time), the CPU (its model and instruction-set flags), ggml's CPU
+library (size and modification time: a rebuild with other options is another build) and the probe's version.
+Probing costs Qwen2.5-Coder 1.5B 2-6 s at every load (docs/measured-choices.md#gguf-repacking). A verdict that
+cannot be read or written is probed again, never assumed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+from functools import cache
+from pathlib import Path
+
+from corral.server.models.build_cache import cache_root
+from corral.server.models.repack_check import PROBE_TOKENS, TOLERANCE
+
+log = logging.getLogger(__name__)
+
+# Raised when the probe changes what it decides, so older verdicts are not read.
+PROBE_VERSION = 1
+FOLDER = "repack-verdicts"
+
+
+@cache
+def _cpu_identity() -> str:
+    """The CPU's model name and flags (Linux), else what the platform module says."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return f"{platform.machine()}|{platform.processor()}"
+    first = text.split("\n\n", 1)[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    return "|".join(fields.get(name, "").strip() for name in ("model name", "flags", "Features", "CPU part"))
+
+
+@cache
+def _ggml_identity() -> str | None:
+    """ggml's CPU library as loaded here (None without the ggml extra: nothing is repacked then)."""
+    try:
+        import ggml
+    except ImportError:
+        return None
+    folder = Path(ggml.__file__).parent / "lib"
+    libraries = sorted(folder.glob("libggml*")) if folder.is_dir() else []
+    return ";".join(f"{lib.name}:{lib.stat().st_size}:{lib.stat().st_mtime_ns}" for lib in libraries) or None
+
+
+def verdict_path(gguf: Path, parts: tuple[str, ...]) -> Path | None:
+    """Where the verdict on `gguf` with `parts` repacked is kept; None where it cannot be keyed."""
+    library = _ggml_identity()
+    try:
+        stat = gguf.stat()
+    except OSError:
+        return None
+    if library is None:
+        return None
+    identity = [str(gguf.resolve()), stat.st_size, stat.st_mtime_ns, list(parts), _cpu_identity(), library,
+                PROBE_VERSION, PROBE_TOKENS, TOLERANCE]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:20]
+    return cache_root() / FOLDER / f"{gguf.stem}-{key}.json"
+
+
+def read_verdict(gguf: Path, parts: tuple[str, ...]) -> tuple[bool, float] | None:
+    """(agree, gap) as probed before on this file, CPU and ggml build; None if never (or unreadable)."""
+    path = verdict_path(gguf, parts)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return bool(data["agree"]), float(data["gap"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_verdict(gguf: Path, parts: tuple[str, ...], agree: bool, gap: float) -> None:
+    """Keep a probe's verdict; a cache that cannot be written only costs the next load a probe."""
+    path = verdict_path(gguf, parts)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"agree": agree, "gap": gap, "parts": list(parts)}), encoding="utf-8")
+        temporary.replace(path)  # atomic: a concurrent reader sees the whole verdict or none
+    except OSError as exc:
+        log.debug("could not keep the repack verdict for %s: %s", gguf.name, exc)
