@@ -362,10 +362,8 @@ def test_unexpected_backend_error_does_not_wedge_the_key(tokenizer_spec: Tokeniz
 
 
 def test_llguidance_reads_the_tokenizer_as_its_own_helper_does(tokenizer_spec: TokenizerSpec) -> None:
-    """corral serialises the tokenizer for llguidance without the copy `llguidance.hf.from_tokenizer` makes: every
-    token's bytes, the special tokens and the stop tokens are the same either way."""
-    import copy
-
+    """corral serialises the tokenizer for llguidance without the copy `llguidance.hf.from_tokenizer` makes: the
+    tokens' bytes, the special tokens and the stop tokens are the same either way."""
     import llguidance.hf
 
     from corral.grammar_engines.llguidance_backend import ll_tokenizer
@@ -375,13 +373,24 @@ def test_llguidance_reads_the_tokenizer_as_its_own_helper_does(tokenizer_spec: T
     theirs = llguidance.hf.from_tokenizer(hf, n_vocab=tokenizer_spec.vocab_size,
                                           eos_token=list(tokenizer_spec.stop_token_ids))
     assert (ours.vocab_size, ours.eos_tokens) == (theirs.vocab_size, theirs.eos_tokens)
-    ids = list(range(ours.vocab_size))
+    # The first and last thousand ids (specials, bytes, added tokens) and every 37th between: all 262,144 one by
+    # one took ~27 s on Gemma's vocabulary.
+    ids = sorted({*range(1000), *range(0, ours.vocab_size, 37), *range(ours.vocab_size - 1000, ours.vocab_size)})
     assert [ours.decode_bytes([i]) for i in ids] == [theirs.decode_bytes([i]) for i in ids]
     assert [ours.is_special_token(i) for i in ids] == [theirs.is_special_token(i) for i in ids]
     text = "Tomás Berg, 58, lives in Lisbon: {\"age\": 58}\n"
     assert ours.tokenize_str(text) == theirs.tokenize_str(text)
-    # A tokenizer that pads is handed to llguidance's helper, which switches padding off on a copy.
-    padded = copy.deepcopy(hf)
-    padded.backend_tokenizer.enable_padding(length=8)
-    spec = TokenizerSpec(padded, tokenizer_spec.vocab_size, tokenizer_spec.stop_token_ids)
-    assert ll_tokenizer(spec).tokenize_str(text) == ours.tokenize_str(text)
+
+
+def test_a_tokenizer_that_pads_goes_through_llguidances_helper(tokenizer: TokenizerSpec) -> None:
+    """Serialised as it is, a tokenizer that pads would pad every text llguidance tokenizes; the helper switches
+    padding off on a copy (corral-tiny's tokenizer: the path is the same for every family)."""
+    import copy
+
+    from corral.grammar_engines.llguidance_backend import ll_tokenizer
+
+    text = "Tomás Berg, 58"
+    padded = copy.deepcopy(tokenizer.hf_tokenizer)
+    padded.backend_tokenizer.enable_padding(length=64)
+    spec = TokenizerSpec(padded, tokenizer.vocab_size, tokenizer.stop_token_ids)
+    assert ll_tokenizer(spec).tokenize_str(text) == ll_tokenizer(tokenizer).tokenize_str(text)
