@@ -91,6 +91,10 @@ def start_server(**settings: object) -> tuple[RunningServer, object, threading.T
 
     port = _free_port()
     config = Settings(port=port, **settings)  # type: ignore[arg-type]
+    if config.compile_isolate:  # as `corral serve` starts: the compile zygote imports while the model loads
+        from corral.grammar_engines.worker_handles import prespawn_zygote
+
+        prespawn_zygote(config.compile_memory_limit_mb)
     service = Service(config, load_model(config.model, device="cpu", quantization=config.quantization))
     app = create_app(service, config)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
