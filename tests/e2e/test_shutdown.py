@@ -1,6 +1,6 @@
 """`corral serve` stops promptly on Ctrl-C (SIGINT) and on SIGTERM (docker stop, systemd, k8s), after it has
 compiled grammars in its worker processes and while a request's compile is still running under a 60 s deadline:
-the drain is bounded (--shutdown-timeout-s, 5 s), the compile is stopped, and no process is left behind."""
+the drain is bounded (--shutdown-timeout-s, 2 s here), the compile is stopped, and no process is left behind."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _start(port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, CORRAL_PORT=str(port), CORRAL_COMPILE_TIMEOUT_S="60", CORRAL_LOG_LEVEL="warning")
+    env = dict(os.environ, CORRAL_PORT=str(port), CORRAL_COMPILE_TIMEOUT_S="60", CORRAL_LOG_LEVEL="warning",
+               CORRAL_SHUTDOWN_TIMEOUT_S="2")
     return subprocess.Popen(
         [sys.executable, "-m", "corral.server.cli", "serve"], cwd=REPO, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
