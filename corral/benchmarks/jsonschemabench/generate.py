@@ -63,7 +63,7 @@ def status_of_refusal(code: str | None) -> str:
 
 
 class InProcessGenerator:
-    """corral's own Service on the default model (or any local model), no HTTP in between."""
+    """corral's own Service on `model` (else $CORRAL_MODEL, else the default model), no HTTP in between."""
 
     def __init__(self, options: GenerateOptions, backends: list[str], model: str | None = None) -> None:
         from pathlib import Path
@@ -73,9 +73,10 @@ class InProcessGenerator:
         from corral.server.settings import Settings
 
         named = [b for b in backends if b != "auto"]
+        # Without `model`, the server's own choice: $CORRAL_MODEL, else the default model (on the CPU).
+        chosen = {"model": Path(model)} if model else {"device": "cpu"}
         settings = Settings.model_validate({
-            "model": Path(model) if model else None,
-            "device": "cpu" if model is None else None,
+            **chosen,
             "compile_timeout_s": options.compile_timeout_s,
             # `auto` needs both engines to route between, whichever single backends are benchmarked.
             "backends": ",".join(dict.fromkeys([*named, "xgrammar", "llguidance"])),
