@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
