@@ -292,9 +292,20 @@ def test_a_llama_gguf_serves_the_same_model_as_its_checkpoint(
         parse(reader, *args, **kwargs)
 
     monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    walks: list[bool] = []
+    walk = gguf_utils.load_gguf_checkpoint
+
+    def walked(*args: Any, **kwargs: Any) -> Any:
+        walks.append(bool(kwargs.get("return_tensors")))
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", walked)
     ours = load_model(path, device="cpu", quantization="none")  # `auto` would serve the GGUF's own blocks
-    # One parse (~10 s on a large vocabulary) serves the tokenizer, the config and the weights of the float copy.
+    # One parse (~10 s on a large vocabulary) serves the tokenizer, the config and the weights of the float copy,
+    # and transformers walks its metadata once for the config and tokenizer and once with the tensors.
     assert len(parses) == 1
+    assert sorted(walks) == [False, True]
     tiny = load_model("corral-tiny", device="cpu")
     assert tiny.quantization == "none"  # `auto`: a checkpoint not from a GGUF keeps its dtype
     assert ours.name == "tiny" and ours.impl == "corral" and ours.path.parent == cache / "models"

@@ -8,6 +8,7 @@ unsupported or broken file fails in a second rather than after the slow part.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -138,35 +139,38 @@ def write_gguf_header(path: Path, out_dir: Path) -> dict[str, Any]:
     return config
 
 
-# The readers `_parsed_once` blocks share inside `one_parse_per_file` (load_model: the header, then the weights).
-_shared_readers: ContextVar[dict[tuple[str, str], Any] | None] = ContextVar("shared_gguf_readers", default=None)
+# What `_parsed_once` blocks share inside `one_parse_per_file` (load_model: the header, then the weights): readers by
+# (path, mode), and transformers' metadata walks by path.
+_shared: ContextVar[tuple[dict[tuple[str, str], Any], dict[str, Any]] | None] = ContextVar("shared_gguf", default=None)
 
 
 @contextmanager
 def one_parse_per_file() -> Iterator[None]:
     """Inside this block every read of a GGUF through transformers shares one parse per file: loading a GGUF on
     a float path writes its config and tokenizer, then dequantizes its weights, and each would parse it again."""
-    if _shared_readers.get() is not None:
+    if _shared.get() is not None:
         yield
         return
-    token = _shared_readers.set({})
+    token = _shared.set(({}, {}))
     try:
         yield
     finally:
-        _shared_readers.reset(token)
+        _shared.reset(token)
 
 
 @contextmanager
 def _parsed_once() -> Iterator[None]:
-    """transformers parses the file three times (tokenizer, config, weights), each parse walking every
-    vocabulary string and merge: ~10 s apiece on a 128k-token Llama 3 vocabulary. Inside this block it gets
-    one reader per file (it imports `gguf.GGUFReader` at call time and only reads from the reader), shared
-    with the other blocks of a `one_parse_per_file`."""
+    """transformers parses the file for the tokenizer, the config (twice when it loads weights) and the weights,
+    each parse walking every vocabulary string and merge: ~10 s apiece on a 128k-token Llama 3 vocabulary. Inside
+    this block it gets one reader per file (it imports `gguf.GGUFReader` and its `load_gguf_checkpoint` at call
+    time and only reads from the reader), and the metadata walk without tensors is done once per file (each caller
+    gets its own copy: they pop keys from it); both are shared with the other blocks of a `one_parse_per_file`."""
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     original = gguf.GGUFReader
-    shared = _shared_readers.get()
-    readers: dict[tuple[str, str], Any] = shared if shared is not None else {}
+    walk: Any = gguf_utils.load_gguf_checkpoint
+    readers, walks = _shared.get() or ({}, {})
 
     def parsed(path: Any, mode: str = "r") -> Any:
         key = (str(Path(path).resolve()), mode)
@@ -174,11 +178,21 @@ def _parsed_once() -> Iterator[None]:
             readers[key] = original(path, mode)  # type: ignore[arg-type]
         return readers[key]
 
+    def walked(path: Any, return_tensors: bool = False, model_to_load: Any = None, **kwargs: Any) -> Any:
+        if return_tensors or model_to_load is not None or kwargs:
+            return walk(path, return_tensors=return_tensors, model_to_load=model_to_load, **kwargs)
+        key = str(Path(path).resolve())
+        if key not in walks:
+            walks[key] = walk(path, return_tensors=False)
+        return copy.deepcopy(walks[key])
+
     gguf.GGUFReader = parsed  # type: ignore[misc,assignment]
+    setattr(gguf_utils, "load_gguf_checkpoint", walked)  # noqa: B010 - typed as transformers' own signature
     try:
         yield
     finally:
         gguf.GGUFReader = original  # type: ignore[misc]
+        setattr(gguf_utils, "load_gguf_checkpoint", walk)  # noqa: B010
 
 
 def _drop_tokens_past(tokenizer_file: Path, vocab_size: int) -> None:
