@@ -61,18 +61,20 @@ def as_uri(iri: str) -> str | None:
     return "".join(out)
 
 
-def is_iri(instance: object) -> bool:
+def _iri_as(rule: str, instance: object) -> bool:
+    """Whether `instance` maps to a URI under rfc3986-validator's `rule` (non-strings pass, as jsonschema's do)."""
     if not isinstance(instance, str):
         return True
     uri = as_uri(instance)
-    return uri is not None and bool(validate_rfc3986(uri, rule="URI"))
+    return uri is not None and bool(validate_rfc3986(uri, rule=rule))
+
+
+def is_iri(instance: object) -> bool:
+    return _iri_as("URI", instance)
 
 
 def is_iri_reference(instance: object) -> bool:
-    if not isinstance(instance, str):
-        return True
-    uri = as_uri(instance)
-    return uri is not None and bool(validate_rfc3986(uri, rule="URI_reference"))
+    return _iri_as("URI_reference", instance)
 
 
 @cache

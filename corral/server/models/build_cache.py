@@ -10,6 +10,7 @@ corral or a hand copy could) is removed and built again; stale temporaries are r
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +25,13 @@ from corral.server.settings import cache_dir
 logger = logging.getLogger(__name__)
 
 MARKER = "corral-build.json"
+
+
+def file_key(path: Path) -> str:
+    """A short key for `path` as it is now (resolved path, size, modification time): a changed file gets another."""
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
 def cache_root() -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from corral.server.models.build_cache import cache_root, cached_build
+from corral.server.models.build_cache import cache_root, cached_build, file_key
 from corral.server.models.default_model import ensure_default_model
 from corral.server.models.gguf_import import GGUFError, convert_gguf, gguf_architecture, write_gguf_header
 
@@ -178,18 +178,12 @@ def _damaged(packaged: PackagedGGUF, parts: list[tuple[str, Path]]) -> str:
     return "reinstall its packages (pip install --force-reinstall corral's model dependencies)"
 
 
-def _file_key(path: Path) -> str:
-    stat = path.stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    return hashlib.sha256(identity.encode()).hexdigest()[:12]
-
-
 def _gguf_header(path: Path) -> Path:
     try:
         gguf_architecture(path)  # fails fast on a bad or unsupported file, before any lock or conversion
     except GGUFError as exc:
         raise UnresolvedModel(str(exc)) from exc
-    target = cache_root() / "models" / f"gguf-{path.stem}-{_file_key(path)}-{HEADER_VERSION}"
+    target = cache_root() / "models" / f"gguf-{path.stem}-{file_key(path)}-{HEADER_VERSION}"
     def build(out: Path) -> None:
         write_gguf_header(path, out)
 
@@ -199,7 +193,7 @@ def _gguf_header(path: Path) -> Path:
 
 def _gguf_converted(path: Path, header: Path, dtype: torch.dtype) -> Path:
     dtype_name = str(dtype).removeprefix("torch.")
-    target = cache_root() / "models" / f"gguf-{path.stem}-{_file_key(path)}-{dtype_name}-{CONVERSION_VERSION}"
+    target = cache_root() / "models" / f"gguf-{path.stem}-{file_key(path)}-{dtype_name}-{CONVERSION_VERSION}"
     return _build(target, lambda out: convert_gguf(path, header, out, dtype), f"{path.name} ({dtype_name})")
 
 

@@ -209,13 +209,16 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
     (repack_verdicts.py)."""
     plain: GgufDecoder | None = None
     for stage, parts in enumerate(REPACK_STAGES):
+        verdict = read_verdict(path, parts)  # probed at an earlier load on this CPU and ggml build
+        if verdict is not None and not verdict[0]:
+            _warn_wrong(parts, path, verdict[1])  # known wrong: not repacked again only to be dropped
+            continue
         decoder = GgufDecoder(GgufFile(path), config, arch, repack=parts).eval()
         if not decoder.file.repacked_bytes:
             if stage == 0:
                 return decoder  # nothing on this CPU to repack
             decoder.file.close()
             continue
-        verdict = read_verdict(path, parts)  # probed at an earlier load on this CPU and ggml build
         if verdict is None:
             plain = plain or GgufDecoder(GgufFile(path), config, arch, repack=()).eval()
             verdict = repacked_agree(decoder, plain, decoder.head.out_features)
@@ -230,8 +233,12 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
             if plain is not None:
                 plain.file.close()
             return decoder
-        log.warning("ggml's repacked weights (%s) give %s wrong logits on this CPU (off by %.0f %% of their scale on "
-                    "a probe prompt): not used", ", ".join(parts), path.name, 100 * gap)
+        _warn_wrong(parts, path, gap)
         decoder.file.close()
     log.warning("serving %s's blocks where they lie, none repacked (slower prompts)", path.name)
     return plain or GgufDecoder(GgufFile(path), config, arch, repack=()).eval()
+
+
+def _warn_wrong(parts: tuple[str, ...], path: Path, gap: float) -> None:
+    log.warning("ggml's repacked weights (%s) give %s wrong logits on this CPU (off by %.0f %% of their scale on "
+                "a probe prompt): not used", ", ".join(parts), path.name, 100 * gap)

@@ -17,7 +17,7 @@ import platform
 from functools import cache
 from pathlib import Path
 
-from corral.server.models.build_cache import cache_root
+from corral.server.models.build_cache import cache_root, file_key
 from corral.server.models.repack_check import PROBE_TOKENS, TOLERANCE
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,12 @@ def verdict_path(gguf: Path, parts: tuple[str, ...]) -> Path | None:
     """Where the verdict on `gguf` with `parts` repacked is kept; None where it cannot be keyed."""
     library = _ggml_identity()
     try:
-        stat = gguf.stat()
+        file = file_key(gguf)
     except OSError:
         return None
     if library is None:
         return None
-    identity = [str(gguf.resolve()), stat.st_size, stat.st_mtime_ns, list(parts), _cpu_identity(), library,
-                PROBE_VERSION, PROBE_TOKENS, TOLERANCE]
+    identity = [file, list(parts), _cpu_identity(), library, PROBE_VERSION, PROBE_TOKENS, TOLERANCE]
     key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:20]
     return cache_root() / FOLDER / f"{gguf.stem}-{key}.json"
 
