@@ -8,6 +8,10 @@ STAMP := $(VENV)/.installed
 # (--dist loadfile), so a module's server or model fixture starts once. The suite is bound by the 2 cores:
 # three workers took 23:19 against two's 23:49 (2026-11-28), and made deadline-bound tests flakier.
 TEST_WORKERS ?= 2
+# ggml sums its float16 products in float32 on CPUs with AVX512-FP16 too: its native build there sums them in
+# float16, which overflows in attention over a float16 KV cache (corral/kernels/half_sums.py). A compiler that
+# does not know the flag cannot emit those instructions either.
+GGML_C_FLAGS := $(shell echo | $(CC) -mno-avx512fp16 -x c -E - >/dev/null 2>&1 && echo -mno-avx512fp16)
 
 .PHONY: install serve test lint clean
 
@@ -19,8 +23,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# The ggml extra builds ggml with the C compiler (~1 min on 2 cores). Without it corral runs the same, decode
 	# steps of few rows slower (corral/kernels/row_kernel.py). llamafile's tinyBLAS is switched on, as llama.cpp
 	# builds it (the package leaves it off): its tiles multiply several rows ~20 % faster on AVX2. Not from pip's
-	# cache, whose wheel may have been built without it.
-	CMAKE_ARGS="-DGGML_LLAMAFILE=ON" $(BIN)/pip install -c constraints.txt --no-cache-dir --force-reinstall \
+	# cache, whose wheel may have been built without it. GGML_C_FLAGS: float32 sums (above).
+	CMAKE_ARGS="-DGGML_LLAMAFILE=ON -DCMAKE_C_FLAGS=$(GGML_C_FLAGS) -DCMAKE_CXX_FLAGS=$(GGML_C_FLAGS)" $(BIN)/pip install -c constraints.txt --no-cache-dir --force-reinstall \
 		--no-deps ggml-python \
 		|| echo "warning: the ggml extra did not build (no C compiler?); fp16 steps of few rows stay on fbgemm"
 	touch $(STAMP)

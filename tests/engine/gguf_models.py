@@ -20,12 +20,16 @@ _PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
                 "ffn_down": "mlp.down_proj"}
 
 
-def small_config(arch: str) -> Any:
-    """A two-layer config of `arch` (llama, qwen2, gemma3) with grouped heads; Gemma with a 16-token window."""
+def small_config(arch: str, head_dim: int | None = None) -> Any:
+    """A two-layer config of `arch` (llama, qwen2, gemma3) with grouped heads; Gemma with a 16-token window.
+    head_dim (llama, qwen2): two heads of that size sharing one key-value head, else four of 16."""
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-    common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+    heads = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    if head_dim is not None:
+        heads = {"hidden_size": 2 * head_dim, "num_attention_heads": 2, "num_key_value_heads": 1}
+    common = {"vocab_size": VOCAB, "intermediate_size": 96, "num_hidden_layers": 2, "max_position_embeddings": 256,
+              **heads}
     if arch == "llama":
         return LlamaConfig(**common, tie_word_embeddings=False)
     if arch == "qwen2":
@@ -44,13 +48,17 @@ def _interleave(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_small_gguf(path: Path, arch: str, seed: int = 0) -> Any:
-    """Write a small `arch` model to `path` and return the transformers model of the values it holds."""
+def write_small_gguf(
+    path: Path, arch: str, seed: int = 0, head_dim: int | None = None, key_bias: float | None = None
+) -> Any:
+    """Write a small `arch` model to `path` and return the transformers model of the values it holds. head_dim:
+    as small_config takes it. key_bias (qwen2): every query and key bias set to it, so scores grow past float16's
+    range as Qwen2.5's layer 0's do."""
     import gguf
     from gguf.quants import dequantize, quantize
     from transformers import AutoModelForCausalLM
 
-    config = small_config(arch)
+    config = small_config(arch, head_dim)
     torch.manual_seed(seed)
     model: Any = AutoModelForCausalLM.from_config(config).eval()
     generator = torch.Generator().manual_seed(seed + 1)
@@ -63,6 +71,8 @@ def write_small_gguf(path: Path, arch: str, seed: int = 0) -> Any:
                 param.copy_((0.1 if gemma else 1.0) + 0.1 * noise)  # Gemma's gains are offsets from 1
             else:
                 param.copy_((0.3 if name.endswith(".bias") else 0.08) * noise)
+            if key_bias is not None and name.endswith(("q_proj.bias", "k_proj.bias")):
+                param.fill_(key_bias)
     writer = gguf.GGUFWriter(str(path), arch)
 
     def add(gguf_name: str, hf_name: str, kind: str | None = None, heads: int | None = None) -> None:

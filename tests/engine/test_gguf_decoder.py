@@ -17,6 +17,7 @@ import pytest
 import torch
 from gguf_models import VOCAB, write_small_gguf
 
+from corral.kernels.half_sums import attention_sums_in_half
 from corral.kernels.row_kernel import layer_graphs_available
 from corral.server.engine.model_runner import ForwardRow, ModelRunner
 from corral.server.models.gguf_decoder import GgufDecoder, load_gguf_decoder
@@ -265,3 +266,41 @@ def test_a_verdict_is_probed_once_per_file_cpu_and_ggml_build(
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))
     load()
     assert len(probes) == 4
+
+
+def test_the_installed_ggml_sums_attention_scores_in_float32() -> None:
+    """`make install` builds ggml with float32 sums of float16 products (-mno-avx512fp16); a native build on a CPU
+    with AVX512-FP16 sums them in float16 and overflows in attention over a float16 KV cache."""
+    assert not attention_sums_in_half()
+
+
+def test_scores_past_float16s_range_give_transformers_logits(tmp_path: Path) -> None:
+    """Heads of 128 (ggml's vector sums start at 128 elements) and query and key biases of 30 make unscaled scores
+    ~115,000 (Qwen2.5's layer 0 reaches ~87,000): a prompt and decode rows still give transformers' logits.
+    Summed in float16, such scores overflow and two infinite ones make a head's softmax NaN
+    (corral/kernels/half_sums.py)."""
+    path = tmp_path / "large-keys.gguf"
+    reference = write_small_gguf(path, "qwen2", head_dim=128, key_bias=30.0)
+    decoder = GgufDecoder(GgufFile(path), reference.config, "qwen2", repack=())
+    runner = _runner(decoder)
+    tokens = _sequence(5, 24)
+    _close(runner.forward([ForwardRow(0, 0, tokens[:20])])[0], _reference(reference, tokens[:20])[-1])
+    for step in range(20, 24):
+        _close(runner.forward([ForwardRow(0, step, tokens[step : step + 1])])[0],
+               _reference(reference, tokens[: step + 1])[-1])
+
+
+def test_a_ggml_that_sums_in_float16_gets_a_float32_kv_cache(
+    written: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the check finds float16 sums, the decoder's cache is float32 (its attention then sums in float32)
+    and its logits are those of the float16 cache's decoder."""
+    from corral.server.models import gguf_decoder
+
+    decoder, reference = written
+    monkeypatch.setattr(gguf_decoder, "attention_sums_in_half", lambda: True)
+    wide = GgufDecoder(GgufFile(decoder.file.path), reference.config, decoder.arch, repack=())
+    assert wide.kv_dtype == torch.float32 and decoder.kv_dtype == torch.float16
+    prompt = _sequence(6, 20)
+    ours = _runner(wide).forward([ForwardRow(0, 0, prompt)])[0]
+    _close(ours, _reference(reference, prompt)[-1])

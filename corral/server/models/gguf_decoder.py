@@ -25,6 +25,7 @@ import torch
 
 from corral.kernels.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
 from corral.kernels.ggml_step_graph import Embedding, StepGraphs
+from corral.kernels.half_sums import attention_sums_in_half
 from corral.kernels.logit_refinement import refine_near_top
 from corral.kernels.row_kernel import RowKernel
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
@@ -72,7 +73,6 @@ class GgufDecoder(torch.nn.Module):
     """The decoder and head of a GGUF; the interface corral's packed forward drives (model_runner.py)."""
 
     quantization = "gguf"
-    kv_dtype = KV_DTYPE
 
     def __init__(
         self, file: GgufFile, config: Any, arch: str, repack: tuple[str, ...] = LAYER_PARTS
@@ -84,6 +84,8 @@ class GgufDecoder(torch.nn.Module):
             raise ValueError(f"corral's decoder cannot run this model: {reason}")
         self.file, self.config, self.arch = file, config, arch
         self.shape: DecoderShape = decoder_shape(config)
+        # A ggml build that sums float16 products in float16 overflows in attention over float16 keys.
+        self.kv_dtype = torch.float32 if attention_sums_in_half() else KV_DTYPE
         if repack:  # before the graphs take the weights
             file.repack(name for name in self._layer_weight_names() if name.split(".")[2] in repack)
         s = self.shape
