@@ -40,6 +40,7 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 
 RUN python3 -m venv /opt/corral/venv
 COPY deploy/docker/wheels/ /tmp/wheels/
 COPY deploy/docker/install-venv.sh /usr/local/bin/install-venv
+COPY deploy/ggml/build-ggml.sh /usr/local/bin/build-ggml
 COPY constraints.txt /src/meta/constraints.txt
 
 # ---- source: the code, apart, so that a code change rebuilds only the last layers -----------------------------

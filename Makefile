@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints.txt -e '.[bench,dev]'
 	$(BIN)/pip install -c constraints.txt --no-deps instructor  # see the dev extra in pyproject.toml
-	# The ggml extra builds ggml with the C compiler (~1 min on 2 cores). Without it corral runs the same, decode
-	# steps of few rows slower (corral/kernels/row_kernel.py). llamafile's tinyBLAS is switched on, as llama.cpp
-	# builds it (the package leaves it off): its tiles multiply several rows ~20 % faster on AVX2. Not from pip's
-	# cache, whose wheel may have been built without it. GGML_C_FLAGS: float32 sums (above).
-	CMAKE_ARGS="-DGGML_LLAMAFILE=ON -DCMAKE_C_FLAGS=$(GGML_C_FLAGS) -DCMAKE_CXX_FLAGS=$(GGML_C_FLAGS)" $(BIN)/pip install -c constraints.txt --no-cache-dir --force-reinstall \
-		--no-deps ggml-python \
+	# The ggml extra: ggml-python's bindings built around llama.cpp's own ggml (deploy/ggml/build-ggml.sh, ~1 min on
+	# 2 cores). Without it corral runs the same, decode steps of few rows slower (corral/kernels/row_kernel.py) and
+	# GGUF files served from a float copy. llamafile's tinyBLAS is switched on, as llama.cpp builds it (the package
+	# leaves it off): its tiles multiply several rows ~20 % faster on AVX2. GGML_C_FLAGS: float32 sums (above).
+	sh deploy/ggml/build-ggml.sh $(BIN)/pip constraints.txt \
+		"-DGGML_LLAMAFILE=ON -DCMAKE_C_FLAGS=$(GGML_C_FLAGS) -DCMAKE_CXX_FLAGS=$(GGML_C_FLAGS)" \
 		|| echo "warning: the ggml extra did not build (no C compiler?); fp16 steps of few rows stay on fbgemm"
 	touch $(STAMP)
 

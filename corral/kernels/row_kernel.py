@@ -131,6 +131,24 @@ def llamafile_built() -> bool:
     return _ggml is not None and bool(_ggml.ggml_cpu_has_llamafile())
 
 
+# The ggml that llama.cpp (llama-cpp-python 0.3.36) carries, which `make install` builds (deploy/ggml/build-ggml.sh);
+# ggml-python's own is 0.15: its prompts through K-quant weights that are not repacked (Q6_K) ran ~1.3x slower.
+LLAMA_CPP_GGML = (0, 25)
+
+
+def ggml_version() -> tuple[int, ...]:
+    """The installed ggml library's version, e.g. (0, 25, 3); () without ggml or where it does not say."""
+    if _ggml is None:
+        return ()
+    function = _ggml.lib.ggml_version
+    function.restype, function.argtypes = ctypes.c_char_p, []
+    text = (function() or b"").decode("ascii", "replace")
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return ()
+
+
 def layer_graphs_available() -> bool:
     """Whether steps of few tokens run their layers as ggml graphs (corral/kernels/ggml_layers.py): the row
     kernels are on and the switch does not say `products` (ggml for the products only, torch for the rest)."""

@@ -20,10 +20,10 @@ deps)
     if [ "$2" = cpu ]; then
         # xgrammar requires triton (about 1 GB) for its CUDA bitmask kernel; the CPU path never imports it.
         "$venv/bin/pip" uninstall -y triton
-        # ggml, built as the Makefile builds it (llamafile's tinyBLAS on): the built-in GGUF models are served
-        # from their own blocks. Built for a portable x86-64 CPU, not this build machine's.
-        CMAKE_ARGS="-DGGML_LLAMAFILE=ON -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-            "$venv/bin/pip" install -c /src/meta/constraints.txt --no-deps ggml-python
+        # ggml, built as the Makefile builds it (llama.cpp's ggml, llamafile's tinyBLAS on): the built-in GGUF
+        # models are served from their own blocks. Built for a portable x86-64 CPU, not this build machine's.
+        build-ggml "$venv/bin/pip" /src/meta/constraints.txt \
+            "-DGGML_LLAMAFILE=ON -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
     fi
     ;;
 project)

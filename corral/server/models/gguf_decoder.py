@@ -27,7 +27,7 @@ from corral.kernels.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, 
 from corral.kernels.ggml_step_graph import Embedding, StepGraphs
 from corral.kernels.half_sums import attention_sums_in_half
 from corral.kernels.logit_refinement import refine_near_top
-from corral.kernels.row_kernel import RowKernel
+from corral.kernels.row_kernel import LLAMA_CPP_GGML, RowKernel, ggml_version
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
 from corral.server.models.repack_check import repacked_agree
@@ -209,6 +209,11 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
     Weights ggml repacks are kept so only where a probe prompt shows them right on this CPU (repack_check.py):
     every layer weight, else the MLP's alone, else none. A verdict is probed once per file, CPU and ggml build
     (repack_verdicts.py)."""
+    version = ggml_version()
+    if version and version[:2] < LLAMA_CPP_GGML:
+        log.warning("ggml %s is older than llama.cpp's (%s): prompts through K-quant weights run slower; build it as "
+                    "`make install` does (deploy/ggml/build-ggml.sh)", ".".join(map(str, version)),
+                    ".".join(map(str, LLAMA_CPP_GGML)))
     plain: GgufDecoder | None = None
     for stage, parts in enumerate(REPACK_STAGES):
         verdict = read_verdict(path, parts)  # probed at an earlier load on this CPU and ggml build
