@@ -86,8 +86,10 @@ def _assert_weather_call(exchange: Exchange) -> None:
 
 
 def _assert_answered_in_words(text: Any) -> None:
+    """The tool's result came back to the person as text, not JSON. Its wording is the model's: greedy answers
+    differed with ggml's kernels ("It's sunny, 21 °C in Oslo." once, the result as it came, "Sunny, 21 °C.", since)."""
     assert isinstance(text, str), text
-    assert "21" in text and "Oslo" in text, text
+    assert "21" in text and not text.lstrip().startswith(("{", "[")), text
 
 
 # -- Instructor -----------------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Whether ggml's repacked weights give a GGUF decoder the logits of the file's own blocks on this CPU.
 
 ggml repacks some quantized types (Q4_0, Q4_K, IQ4_NL) into interleaved layouts for its GEMM/GEMV kernels, as
-llama.cpp does at load (corral/server/models/gguf_file.py). Those kernels are chosen per instruction set, and
-on one CPU they were wrong inside the decoder's graph while right alone: on an Intel Xeon with AVX-512 and AMX
-(2026-11-29), Qwen2.5-Coder 1.5B's repacked blocks gave logits off by half their scale on a 20-token prompt
-and answered "Name three colours." with noise, where the same products agreed to 1e-6 one by one. So a
+llama.cpp does at load (corral/server/models/gguf_file.py). Those kernels are chosen per instruction set, so a
 repacked decoder is believed only once short prompts give it the logits of the same file served where its
 blocks lie (corral/server/models/gguf_decoder.py tries every layer weight, then the MLP's alone, then none).
+The probe caught one real fault (an Intel Xeon, 2026-11-29): Qwen2.5-Coder 1.5B's repacked blocks gave logits off
+by half their scale and answered "Name three colours." with noise. The kernels were right; ggml's attention had
+summed float16 scores in float16 and made one head NaN. The unrepacked o projection's 8-bit rounding of that row
+turned it into finite wrong values; the repacked one passed the NaN on (corral/kernels/half_sums.py: the cause
+and its fix).
 """
 
 from __future__ import annotations
