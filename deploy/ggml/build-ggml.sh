@@ -21,7 +21,7 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "build-ggml: ggml-python $bindings around the ggml of llama-cpp-python $sources (downloading the sources)"
-"$pip" download --quiet --no-deps --no-binary :all: --dest "$work" \
+"$pip" download --quiet --no-deps --no-binary ggml-python,llama-cpp-python --dest "$work" \
     "ggml-python==$bindings" "llama-cpp-python==$sources"
 tar -xzf "$work/ggml_python-$bindings.tar.gz" -C "$work"
 tar -xzf "$work/llama_cpp_python-$sources.tar.gz" -C "$work" "llama_cpp_python-$sources/vendor/llama.cpp/ggml"
