@@ -85,13 +85,18 @@ class QuantBlocks:
     in_features: int
 
 
-def cpu_buffer_type() -> Any:
-    """ggml's CPU buffer type, for its graph allocator. Called through ctypes with a pointer result: the bindings
-    declare it returning an int, which cuts the pointer to 32 bits (a crash on first use)."""
+def ggml_function(name: str, result: Any, *arguments: Any) -> Any:
+    """A ggml function through ctypes with the given result and argument types: the bindings declare some pointer
+    results as int, which cuts them to 32 bits (a crash on first use), and leave newer functions undeclared."""
     ggml, _ = ggml_modules()
-    function = ggml.lib.ggml_backend_cpu_buffer_type
-    function.restype, function.argtypes = ctypes.c_void_p, []
-    return function()
+    function = getattr(ggml.lib, name)
+    function.restype, function.argtypes = result, list(arguments)
+    return function
+
+
+def cpu_buffer_type() -> Any:
+    """ggml's CPU buffer type, for its graph allocator."""
+    return ggml_function("ggml_backend_cpu_buffer_type", ctypes.c_void_p)()
 
 
 class GraphPlan:
@@ -140,9 +145,7 @@ def ggml_version() -> tuple[int, ...]:
     """The installed ggml library's version, e.g. (0, 25, 3); () without ggml or where it does not say."""
     if _ggml is None:
         return ()
-    function = _ggml.lib.ggml_version
-    function.restype, function.argtypes = ctypes.c_char_p, []
-    text = (function() or b"").decode("ascii", "replace")
+    text = (ggml_function("ggml_version", ctypes.c_char_p)() or b"").decode("ascii", "replace")
     try:
         return tuple(int(part) for part in text.split("."))
     except ValueError:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from corral.kernels.row_kernel import ggml_modules
+from corral.kernels.row_kernel import ggml_function, ggml_modules
 from corral.server.models.gguf_header import GGUFHeaderError, TensorInfo, read_tensor_index
 
 _F32, _F16 = 0, 1
@@ -29,25 +29,16 @@ _F32, _F16 = 0, 1
 _REPACKABLE = frozenset({2, 12, 20})
 
 
-def _function(name: str, result: Any, *arguments: Any) -> Any:
-    """A ggml function through ctypes with pointer-sized types: the bindings declare some pointer results as int,
-    which cuts them to 32 bits."""
-    ggml, _ = ggml_modules()
-    function = getattr(ggml.lib, name)
-    function.restype, function.argtypes = result, list(arguments)
-    return function
-
-
 def repack_buffer_type() -> Any:
     """ggml's CPU_REPACK buffer type (weights in its kernels' interleaved layouts), or None where ggml has none."""
-    reg = _function("ggml_backend_cpu_reg", ctypes.c_void_p)()
-    device = _function("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(reg, 0)
-    address = _function("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    reg = ggml_function("ggml_backend_cpu_reg", ctypes.c_void_p)()
+    device = ggml_function("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(reg, 0)
+    address = ggml_function("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
         reg, b"ggml_backend_dev_get_extra_bufts")
     if not reg or not device or not address:
         return None
     kinds = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(device)
-    name = _function("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+    name = ggml_function("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
     index = 0
     while kinds and kinds[index]:
         if name(kinds[index]) == b"CPU_REPACK":
@@ -57,17 +48,17 @@ def repack_buffer_type() -> Any:
 
 
 def _alloc_tensors(ctx: Any, kind: Any) -> Any:
-    return _function("ggml_backend_alloc_ctx_tensors_from_buft", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+    return ggml_function("ggml_backend_alloc_ctx_tensors_from_buft", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
         ctypes.cast(ctx, ctypes.c_void_p), kind)
 
 
 def _tensor_set(tensor: Any, source: int, nbytes: int) -> None:
-    _function("ggml_backend_tensor_set", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)(
+    ggml_function("ggml_backend_tensor_set", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)(
         ctypes.cast(tensor, ctypes.c_void_p), ctypes.c_void_p(source), 0, nbytes)
 
 
 def _buffer_free(buffer: Any) -> None:
-    _function("ggml_backend_buffer_free", None, ctypes.c_void_p)(buffer)
+    ggml_function("ggml_backend_buffer_free", None, ctypes.c_void_p)(buffer)
 
 
 class GGUFTensorError(ValueError):
