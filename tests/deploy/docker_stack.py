@@ -178,3 +178,44 @@ def stage_build_inputs() -> tuple[dict[str, str], list[str]]:
         env["TORCH_INDEX_URL"] = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")
         notes.append(f"torch from the host's wheel {wheels[0].name}")
     return env, notes
+
+
+# The CPU image is ~4.3 GB and every build whose venv layer changed leaves the previous one behind as a dangling
+# image, plus its build cache: a CI machine that keeps Docker's state between runs filled its disk that way
+# ("no space left on device" mid-build). Measured need for one build next to the old one: ~12 GB.
+BUILD_NEEDS_GB = 12.0
+BUILD_CACHE_KEPT = "8GB"
+BUILT_TAGS = ("corral:cpu", "corral-lb:latest")  # what `docker compose build` tags (docker-compose*.yml)
+
+
+def image_id(tag: str) -> str | None:
+    proc = sh("docker", "image", "inspect", "-f", "{{.Id}}", tag, check=False)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def docker_free_gb() -> float:
+    root = sh("docker", "info", "-f", "{{.DockerRootDir}}").stdout.strip() or "/var/lib/docker"
+    return shutil.disk_usage(root).free / 1e9
+
+
+def ensure_disk_for_build() -> None:
+    """Fail before a half-hour build that cannot finish, naming what is needed and what is there."""
+    free = docker_free_gb()
+    if free < BUILD_NEEDS_GB:
+        sh("docker", "builder", "prune", "-f", "--keep-storage", BUILD_CACHE_KEPT, check=False, timeout=600)
+        free = docker_free_gb()
+    if free < BUILD_NEEDS_GB:
+        raise RuntimeError(
+            f"the image build needs about {BUILD_NEEDS_GB:.0f} GB free under Docker's root, {free:.1f} GB is free"
+        )
+
+
+def drop_stale_layers(replaced: dict[str, str | None]) -> int:
+    """Remove the images this build replaced ({tag: its image before}) and build cache beyond
+    BUILD_CACHE_KEPT; MB freed."""
+    before = docker_free_gb()
+    for tag, old in replaced.items():
+        if old and old != image_id(tag):
+            sh("docker", "rmi", old, check=False)  # still used by a container: it stays, harmlessly
+    sh("docker", "builder", "prune", "-f", "--keep-storage", BUILD_CACHE_KEPT, check=False, timeout=600)
+    return round((docker_free_gb() - before) * 1000)
