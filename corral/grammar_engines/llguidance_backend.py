@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import llguidance
-import llguidance.hf
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from corral.grammar_engines.backends.llguidance import NAME
+from corral.grammar_engines.llguidance_vocabulary import compile_only, ll_tokenizer, special_ids_by_text
 from corral.grammar_engines.protocol import CompileError, Matcher, TokenizerSpec
 from corral.grammars.lowering import choice_to_lark
 from corral.grammars.spec import FREE_GAP_INDENT, FREE_GAP_NEWLINES, GrammarKind, GrammarSpec
@@ -111,9 +111,14 @@ class LLGuidanceBackend:
     name = NAME
 
     def __init__(self, tokenizer: TokenizerSpec) -> None:
-        self._tokenizer = ll_tokenizer(tokenizer)
+        self._tokenizer, self._vocabulary = ll_tokenizer(tokenizer)
         self._executor = llguidance.LLExecutor()
         self._markers: dict[str, dict[str, int]] = {}  # per tool-call format: marker text → special token id
+
+    def compile_only(self) -> None:
+        """Drop what only the server's matchers use: the vocabulary's slices (~90 MB of Gemma 3's 262,144 tokens)
+        and the Rust tokenizer (corral/grammar_engines/llguidance_vocabulary.py)."""
+        self._tokenizer = compile_only(self._tokenizer, self._vocabulary)
 
     def supports(self, spec: GrammarSpec) -> str | None:
         if spec.kind is GrammarKind.TOOL_CALLS:
@@ -169,12 +174,9 @@ class LLGuidanceBackend:
         lets literal text match a special token, so the grammar names these by id (corral/grammars/tools.py)."""
         found = self._markers.get(fmt.name)
         if found is None:
-            found = {}
-            for marker in fmt.markers:
-                ids = self._tokenizer.tokenize_str(marker)
-                if len(ids) == 1 and self._tokenizer.is_special_token(ids[0]):
-                    found[marker] = int(ids[0])
-            self._markers[fmt.name] = found
+            # By text, not by tokenizing the marker: a compile worker has no tokenizer to do it as the server does.
+            special = special_ids_by_text(self._tokenizer, self._vocabulary)
+            found = self._markers[fmt.name] = {marker: special[marker] for marker in fmt.markers if marker in special}
         return found
 
     def new_matcher(self, compiled: Any) -> LLGuidanceMatcher:
@@ -185,18 +187,6 @@ class LLGuidanceBackend:
         width = bitmask.shape[1] * 4
         # Parallel over llguidance's own threads, GIL released; bitmask must be contiguous CPU int32.
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), width, bitmask.shape[0])
-
-
-def ll_tokenizer(tokenizer: TokenizerSpec) -> llguidance.LLTokenizer:
-    """llguidance's tokenizer over `tokenizer`'s vocabulary. `llguidance.hf.from_tokenizer` copies the Rust
-    tokenizer only to switch off padding and truncation before serialising it; where both are off already, the
-    tokenizer is serialised as it is (0.6-0.9 s less on a 128k vocabulary, at every server and compile worker
-    start)."""
-    backend = getattr(tokenizer.hf_tokenizer, "backend_tokenizer", None)
-    eos = list(tokenizer.stop_token_ids)
-    if backend is not None and backend.padding is None and backend.truncation is None:
-        return llguidance.LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=eos)
-    return llguidance.hf.from_tokenizer(tokenizer.hf_tokenizer, n_vocab=tokenizer.vocab_size, eos_token=eos)
 
 
 def _clean(message: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -29,6 +30,22 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
         return False
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def release_freed_memory(collect: bool = True) -> bool:
+    """Hand back to the kernel what glibc keeps of freed memory (after a collection, unless `collect` is off:
+    a full collection of a serving heap takes longer than the trim). Loading a tokenizer leaves most of its
+    parse freed but held: Gemma 3's (262,144 tokens) took 306 MB of RSS, 113 MB after `malloc_trim`.
+    True where glibc trimmed something."""
+    if collect:
+        gc.collect()
+    name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux") or name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 # What a serving process holds besides the weights and the KV cache (torch, the tokenizer, both grammar

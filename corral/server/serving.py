@@ -25,6 +25,7 @@ from corral.server.compile_stage import CompileStage
 from corral.server.engine import Engine, EngineConfig, EngineLoop, SeqOutput, StepWatchdog
 from corral.server.errors import ApiError, guard_stream
 from corral.server.fallback import AutoFallback, engine_failed
+from corral.server.memory import release_freed_memory
 from corral.server.metrics import Metrics
 from corral.server.models import LoadedModel
 from corral.server.prepared import Admission, Finished, Prepared, json_styled, sequence_for
@@ -87,6 +88,7 @@ class Service:
     def start(self) -> None:
         # Tokenizer tables (parent and compile workers) are built once, at start, not on a first request.
         self.grammars.warm_up()
+        release_freed_memory()  # the loads' parses (tokenizer, GGUF header, tables) are done with
         self.loop.start()
         self.watchdog.start()
         self.ready = True

@@ -3,6 +3,7 @@ and the compile cache."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -362,14 +363,15 @@ def test_unexpected_backend_error_does_not_wedge_the_key(tokenizer_spec: Tokeniz
 
 
 def test_llguidance_reads_the_tokenizer_as_its_own_helper_does(tokenizer_spec: TokenizerSpec) -> None:
-    """corral serialises the tokenizer for llguidance without the copy `llguidance.hf.from_tokenizer` makes: the
-    tokens' bytes, the special tokens and the stop tokens are the same either way."""
+    """corral hands llguidance the vocabulary through its TokenizerWrapper protocol and tokenizes with the server's
+    own tokenizer (corral/grammar_engines/llguidance_vocabulary.py), where llguidance's helper would keep a copy of
+    the tokenizer: the tokens' bytes, the special tokens, the stop tokens and a text's tokens are the same."""
     import llguidance.hf
 
-    from corral.grammar_engines.llguidance_backend import ll_tokenizer
+    from corral.grammar_engines.llguidance_vocabulary import ll_tokenizer
 
     hf = tokenizer_spec.hf_tokenizer
-    ours = ll_tokenizer(tokenizer_spec)
+    ours, _ = ll_tokenizer(tokenizer_spec)
     theirs = llguidance.hf.from_tokenizer(hf, n_vocab=tokenizer_spec.vocab_size,
                                           eos_token=list(tokenizer_spec.stop_token_ids))
     assert (ours.vocab_size, ours.eos_tokens) == (theirs.vocab_size, theirs.eos_tokens)
@@ -387,10 +389,52 @@ def test_a_tokenizer_that_pads_goes_through_llguidances_helper(tokenizer: Tokeni
     padding off on a copy (corral-tiny's tokenizer: the path is the same for every family)."""
     import copy
 
-    from corral.grammar_engines.llguidance_backend import ll_tokenizer
+    from corral.grammar_engines.llguidance_vocabulary import ll_tokenizer
 
     text = "Tomás Berg, 58"
     padded = copy.deepcopy(tokenizer.hf_tokenizer)
     padded.backend_tokenizer.enable_padding(length=64)
     spec = TokenizerSpec(padded, tokenizer.vocab_size, tokenizer.stop_token_ids)
-    assert ll_tokenizer(spec).tokenize_str(text) == ll_tokenizer(tokenizer).tokenize_str(text)
+    assert ll_tokenizer(spec)[0].tokenize_str(text) == ll_tokenizer(tokenizer)[0].tokenize_str(text)
+
+
+def test_llguidance_over_the_vocabulary_masks_and_forces_as_over_its_own_tokenizer(
+    tokenizer_spec: TokenizerSpec,
+) -> None:
+    """Masks and forced runs, token by token through a schema, a regex and a Lark grammar, agree between
+    llguidance's own reading of the tokenizer and corral's wrapper; a compile worker's lean tokenizer compiles
+    the same grammars."""
+    import llguidance
+    import llguidance.hf
+    import llguidance.numpy
+
+    from corral.grammar_engines.llguidance_vocabulary import compile_only, ll_tokenizer
+
+    ours, vocabulary = ll_tokenizer(tokenizer_spec)
+    theirs = llguidance.hf.from_tokenizer(tokenizer_spec.hf_tokenizer, n_vocab=tokenizer_spec.vocab_size,
+                                          eos_token=list(tokenizer_spec.stop_token_ids))
+    grammars = [
+        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(
+            {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+             "required": ["name", "age"]})),
+        llguidance.LLMatcher.grammar_from_regex(r"[a-z]{1,4}@example\.com"),
+        llguidance.LLMatcher.grammar_from_lark('start: "hello" " world" /[0-9]+/'),
+    ]
+    size = tokenizer_spec.vocab_size
+    for grammar in grammars:
+        matchers = [llguidance.LLMatcher(t, grammar, log_level=0) for t in (ours, theirs)]
+        for step in range(8):
+            masks = []
+            for matcher in matchers:
+                mask = llguidance.numpy.allocate_token_bitmask(1, size)
+                llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+                masks.append(mask)
+            assert (masks[0] == masks[1]).all(), (grammar[:60], step)
+            assert matchers[0].compute_ff_tokens() == matchers[1].compute_ff_tokens()
+            allowed = [i for i in range(size) if masks[0][0, i // 32] >> (i % 32) & 1]
+            if not allowed:
+                break
+            token = allowed[min(step * 7, len(allowed) - 1)]
+            assert all(m.consume_token(token) for m in matchers)
+    lean = compile_only(ours, vocabulary)
+    assert all(not llguidance.LLMatcher(lean, g, log_level=0).is_error() for g in grammars)

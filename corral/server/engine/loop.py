@@ -8,8 +8,14 @@ import time
 
 from corral.server.engine.engine import Engine
 from corral.server.engine.sequence import Sequence
+from corral.server.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
+
+# When the engine falls idle after work, glibc is asked to hand back what the steps freed (KV rows of finished
+# answers, graph inputs, compiled grammars' parses), at most this often: the server's memory then stays flat
+# over a long run instead of keeping its peak.
+TRIM_INTERVAL_S = 10.0
 
 
 class EngineLoop:
@@ -51,11 +57,16 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        worked, trimmed = False, time.monotonic()
         while not self._stopped.is_set():
             if not self.engine.has_work():
+                if worked and time.monotonic() - trimmed >= TRIM_INTERVAL_S:
+                    release_freed_memory(collect=False)
+                    worked, trimmed = False, time.monotonic()
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            worked = True
             self.step_started = time.monotonic()
             try:
                 self.engine.step()
