@@ -26,6 +26,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "dtype",
         "model_impl",
+        "load_format",
         "quantization",
         "revision_token",
         "torch_threads",
@@ -107,6 +108,11 @@ class Settings(BaseSettings):
         "auto",
         description="decoder: corral's own (Llama family, Gemma 3), transformers, or auto (corral where "
         "supported; on CPU only until it has run on CUDA)",
+    )
+    load_format: Literal["auto", "dummy"] = Field(
+        "auto",
+        description="dummy: random weights at the shape --model names (llama-3.1-8b, qwen2.5-7b, qwen2.5-1.5b, or a "
+        "config.json), on corral-tiny's tokenizer, for speed at a real model's shape without its weights",
     )
     quantization: Literal["auto", "none", "int8", "int4", "w8a8", "fp16", "fp16-w8a8", "gguf"] = Field(
         "auto",

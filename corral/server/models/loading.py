@@ -69,6 +69,7 @@ class ModelOptions:
     quantization: str = "auto"
     row_kernel: RowKernel = "ggml"
     head_screen: bool = True
+    load_format: str = "auto"
 
 
 def load_model(
@@ -81,6 +82,7 @@ def load_model(
     quantization: str = "auto",
     row_kernel: RowKernel = "ggml",
     head_screen: bool = True,
+    load_format: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM and its fast tokenizer. `model`: a built-in name (corral/server/models/builtin.py; None is the
     default), a local checkpoint directory, or a .gguf file.
@@ -90,11 +92,16 @@ def load_model(
     GGUF served from its own blocks on ggml, every step: corral/server/models/gguf_decoder.py), "none", "int8", "int4",
     "w8a8", "fp16" or "fp16-w8a8" (corral/kernels/quantized_projection.py, over a checkpoint of dequantized
     weights for a GGUF), or "auto": gguf for a GGUF on CPU (fp16 without ggml), none for a checkpoint.
-    row_kernel, head_screen: the CPU kernels its steps use (corral/kernels/choice.py)."""
+    row_kernel, head_screen: the CPU kernels its steps use (corral/kernels/choice.py). load_format "dummy":
+    `model` names a shape and the weights are random (corral/server/models/dummy_weights.py)."""
     use_kernels(KernelOptions(row_kernel, head_screen))
     torch_device = _resolve_device(device)
     dtype_arg = _resolve_dtype(dtype, torch_device)
     template = read_chat_template(chat_template) if chat_template is not None else None
+    if load_format == "dummy":
+        return _load_dummy(model, torch_device, dtype_arg, model_impl, quantization, template, revision_token)
+    if load_format != "auto":
+        raise ModelLoadError(f"Unknown load format {load_format!r}; choose auto or dummy.")
     with one_parse_per_file():  # a GGUF's config and tokenizer, then its float copy, from one parse of the file
         try:
             resolved = resolve_model(model)
@@ -148,6 +155,61 @@ def load_model(
         dtype=model_dtype,
         impl=impl,
         quantization=quantized,
+    )
+
+
+def _load_dummy(
+    model: str | Path | None,
+    device: torch.device,
+    dtype_arg: torch.dtype | str,
+    model_impl: str,
+    quantization: str,
+    template: str | None,
+    revision_token: str | None,
+) -> LoadedModel:
+    """Random weights at the shape `model` names, on corral-tiny's tokenizer (dummy_weights.py)."""
+    from corral.server.models.builtin import TINY
+    from corral.server.models.dummy_weights import dummy_config, dummy_weights
+
+    if model is None:
+        raise ModelLoadError("--load-format dummy needs --model to name a shape or a config.json.")
+    try:
+        config = dummy_config(model)
+    except ValueError as exc:
+        raise ModelLoadError(f"{exc}.") from exc
+    tokenizer_dir = resolve_model(TINY).path
+    tokenizer = load_tokenizer(tokenizer_dir, template)
+    revision_token_id = read_revision_token_id(tokenizer, revision_token)
+    impl = _choose_impl(model_impl, config, device)
+    quantized = _check_quantization(quantization, impl, device, from_gguf=False)
+    dtype = dtype_arg if isinstance(dtype_arg, torch.dtype) else _resolve_dtype(None, device)
+    assert isinstance(dtype, torch.dtype)
+    weights = dummy_weights(config, dtype, device)
+    network: Any
+    if impl == "corral":
+        from corral.server.models.decoder_config import decoder_shape, rope_frequencies
+        from corral.server.models.llama_family import LlamaFamilyModel
+
+        text = config.get_text_config()
+        shape = decoder_shape(text)
+        ropes = {t: rope_frequencies(text, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
+        network = LlamaFamilyModel(shape, weights, ropes, text, quantized).eval()
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device(device):
+            network = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                config, dtype=dtype, attn_implementation="sdpa"
+            )
+        network.load_state_dict(weights, strict=False, assign=True)
+        network.eval()
+    vocab_size = int(network.config.get_text_config().vocab_size)
+    name = str(model) if isinstance(model, str) and "/" not in model else Path(model).stem
+    return LoadedModel(
+        model=network, tokenizer=tokenizer, path=tokenizer_dir, name=f"dummy-{name}", vocab_size=vocab_size,
+        stop_token_ids=read_stop_token_ids(tokenizer_dir, network.config, tokenizer, vocab_size),
+        revision_token_id=revision_token_id, context_length=read_context_length(network.config, tokenizer),
+        device=device, dtype=dtype, impl=impl, quantization=quantized,
     )
 
 
