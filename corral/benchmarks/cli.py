@@ -1,5 +1,5 @@
 """`corral bench ...`: the benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, engine, mediation, startup, fuzz, soak, quality, kinds, paired, drafts), each from its package's cli.py on
+prefix, engine, mediation, startup, fuzz, soak, quality, kinds, paired, drafts, gpu), each from its package's cli.py on
 corral.benchmarks.harness.
 
 corral/server/cli.py imports this module only for `corral bench`; building these parsers loads no benchmark package
@@ -12,6 +12,7 @@ import argparse
 from corral.benchmarks.drafts.cli import add_drafts_parser
 from corral.benchmarks.engine.cli import add_engine_parser
 from corral.benchmarks.fuzz.cli import add_fuzz_parser
+from corral.benchmarks.gpu.cli import add_gpu_parser
 from corral.benchmarks.jsonschemabench.cli import add_jsonschemabench_parser
 from corral.benchmarks.kinds.cli import add_kinds_parser
 from corral.benchmarks.mediation.cli import add_mediation_parser
@@ -34,5 +35,5 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     for add in (add_jsonschemabench_parser, add_serve_parser, add_peer_model_parser, add_tools_parser,
                 add_sampler_parser, add_projection_parser, add_prefix_parser, add_engine_parser,
                 add_mediation_parser, add_startup_parser, add_fuzz_parser, add_soak_parser, add_quality_parser,
-                add_kinds_parser, add_paired_parser, add_drafts_parser):
+                add_kinds_parser, add_paired_parser, add_drafts_parser, add_gpu_parser):
         add(bench_sub)

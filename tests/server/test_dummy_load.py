@@ -105,3 +105,17 @@ def test_a_bad_shape_is_refused_with_the_shapes_named(tmp_path: Path) -> None:
         load_model(str(bad), device="cpu", load_format="dummy")
     with pytest.raises(ModelLoadError, match="Unknown load format"):
         load_model("corral-tiny", device="cpu", load_format="pt")
+
+
+def test_a_shape_with_fewer_rows_than_the_tokenizer_grows_to_it() -> None:
+    """Llama 3.1's head has 128,256 rows and corral-tiny's tokenizer 128,257 tokens: the shape is served with the
+    tokenizer's (checked at a test's width; the 8B's layers would take 16 GB)."""
+    from unittest import mock
+
+    from corral.server.models import dummy_weights
+
+    small = {**dummy_weights.SHAPES["llama-3.1-8b"], "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    with mock.patch.dict(dummy_weights.SHAPES, {"llama-3.1-8b": small}):
+        loaded = load_model("llama-3.1-8b", device="cpu", load_format="dummy")
+    assert loaded.vocab_size == len(loaded.tokenizer) == 128257

@@ -2,13 +2,13 @@
 depend on the weights' values, and real weights of an 8B model cannot reach a machine that has no registry.
 
 `--model` then names a shape: one of `SHAPES` (Llama 3.1 8B, Qwen2.5 7B, Qwen2.5 1.5B: the Hugging Face
-configs' shape fields) or a Hugging Face `config.json`. The tokenizer is corral-tiny's, Llama 3's 128,256 tokens,
-the one built-in tokenizer that travels without a model package; a config with a larger vocabulary keeps its
-logits' width, and ids past the tokenizer's are never allowed by a grammar. Weights are drawn on the serving
-device from a fixed seed (`DUMMY_SEED`): the same shape and dtype give the same weights, so the two decoders can
-be compared on them. Their scales keep activations near 1 in bfloat16 at any depth: projections N(0, 1/fan_in),
-the two that write to the residual stream scaled by 1/sqrt(2 * layers) more, norm gains 1, so logits spread by
-a few units and grammar masks still decide picks.
+configs' shape fields) or a Hugging Face `config.json`. The tokenizer is corral-tiny's (Llama 3's, 128,257
+tokens), the one built-in tokenizer that travels without a model package. A config with a larger vocabulary
+keeps its logits' width (ids past the tokenizer's are never allowed by a grammar); a smaller one grows to the
+tokenizer's. Weights are drawn on the serving device from a fixed seed (`DUMMY_SEED`): the same shape and dtype
+give the same weights, so the two decoders can be compared on them. Their scales keep activations near 1 in
+bfloat16 at any depth: projections N(0, 1/fan_in), the two that write to the residual stream scaled by
+1/sqrt(2 * layers) more, norm gains 1, so logits spread by a few units and grammar masks still decide picks.
 """
 
 from __future__ import annotations

@@ -179,6 +179,11 @@ def _load_dummy(
         raise ModelLoadError(f"{exc}.") from exc
     tokenizer_dir = resolve_model(TINY).path
     tokenizer = load_tokenizer(tokenizer_dir, template)
+    text = config.get_text_config()
+    if len(tokenizer) > int(text.vocab_size):
+        # corral-tiny's tokenizer holds 128,257 tokens, Llama 3.1's head 128,256 rows: the head grows to fit.
+        logger.info("dummy %s: vocabulary %d -> %d rows (the tokenizer's)", model, text.vocab_size, len(tokenizer))
+        text.vocab_size = len(tokenizer)
     revision_token_id = read_revision_token_id(tokenizer, revision_token)
     impl = _choose_impl(model_impl, config, device)
     quantized = _check_quantization(quantization, impl, device, from_gguf=False)
@@ -190,7 +195,6 @@ def _load_dummy(
         from corral.server.models.decoder_config import decoder_shape, rope_frequencies
         from corral.server.models.llama_family import LlamaFamilyModel
 
-        text = config.get_text_config()
         shape = decoder_shape(text)
         ropes = {t: rope_frequencies(text, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
         network = LlamaFamilyModel(shape, weights, ropes, text, quantized).eval()
