@@ -407,6 +407,7 @@ def test_llguidance_over_the_vocabulary_masks_and_forces_as_over_its_own_tokeniz
     import llguidance
     import llguidance.hf
     import llguidance.numpy
+    import numpy as np
 
     from corral.grammar_engines.llguidance_vocabulary import compile_only, ll_tokenizer
 
@@ -431,7 +432,8 @@ def test_llguidance_over_the_vocabulary_masks_and_forces_as_over_its_own_tokeniz
                 masks.append(mask)
             assert (masks[0] == masks[1]).all(), (grammar[:60], step)
             assert matchers[0].compute_ff_tokens() == matchers[1].compute_ff_tokens()
-            allowed = [i for i in range(size) if masks[0][0, i // 32] >> (i % 32) & 1]
+            bits = np.unpackbits(masks[0][0].view(np.uint8), bitorder="little")[:size]
+            allowed = np.flatnonzero(bits).tolist()
             if not allowed:
                 break
             token = allowed[min(step * 7, len(allowed) - 1)]
