@@ -43,8 +43,13 @@ def test_every_shipped_shape_is_a_config_transformers_reads() -> None:
         assert config.model_type == fields["model_type"] and config.vocab_size == fields["vocab_size"], name
 
 
-def test_both_decoders_serve_the_same_draw(small: Path) -> None:
-    """The draw is fixed by the seed: corral's decoder and transformers' give the same logits on it."""
+@pytest.mark.parametrize("tied", [False, True], ids=["own head", "tied head"])
+def test_both_decoders_serve_the_same_draw(small: Path, tied: bool) -> None:
+    """The draw is fixed by the seed: corral's decoder and transformers' give the same logits on it, with its own
+    head or one tied to the embedding."""
+    if tied:
+        small = small.with_name("tied.json")
+        small.write_text(json.dumps({**SMALL, "tie_word_embeddings": True}), encoding="utf-8")
     ours = load_model(str(small), device="cpu", dtype="float32", load_format="dummy", model_impl="corral")
     theirs = load_model(str(small), device="cpu", dtype="float32", load_format="dummy", model_impl="transformers")
     assert (ours.impl, theirs.impl, ours.vocab_size) == ("corral", "transformers", 130000)

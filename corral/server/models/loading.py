@@ -205,7 +205,12 @@ def _load_dummy(
             network = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 config, dtype=dtype, attn_implementation="sdpa"
             )
-        network.load_state_dict(weights, strict=False, assign=True)
+        loaded = network.load_state_dict(weights, strict=False, assign=True)
+        network.tie_weights()  # assign=True replaced the embedding: a tied head must point at the new one
+        missing = [k for k in loaded.missing_keys if k != "lm_head.weight" or not text.tie_word_embeddings]
+        if missing or loaded.unexpected_keys:
+            raise ModelLoadError(f"the dummy weights do not fit transformers' {type(network).__name__}: missing "
+                                 f"{missing[:3]}, unexpected {loaded.unexpected_keys[:3]}.")
         network.eval()
     vocab_size = int(network.config.get_text_config().vocab_size)
     name = str(model) if isinstance(model, str) and "/" not in model else Path(model).stem
