@@ -325,7 +325,6 @@ def load_llama_family(
     quantization: Quantization = "none",
 ) -> LlamaFamilyModel:
     """Build the decoder from `model_dir`'s safetensors; raises ValueError/OSError on a bad checkpoint."""
-    shape = decoder_shape(config)
     weights = {
         name: tensor.to(device=device, dtype=dtype)
         for name, tensor in _plain_names(iter_tensors(model_dir))
@@ -335,6 +334,14 @@ def load_llama_family(
         raise ValueError("the checkpoint has no model.embed_tokens.weight")
     if "lm_head.weight" not in weights and not getattr(config, "tie_word_embeddings", False):
         raise ValueError("the checkpoint has no lm_head.weight and its config does not tie it to the embedding")
+    return llama_family_from_weights(config, weights, quantization)
+
+
+def llama_family_from_weights(
+    config: Any, weights: dict[str, torch.Tensor], quantization: Quantization = "none"
+) -> LlamaFamilyModel:
+    """The decoder over `weights` (Hugging Face names, consumed), with the config's RoPE tables."""
+    shape = decoder_shape(config)
     ropes = {t: rope_frequencies(config, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
     try:
         model = LlamaFamilyModel(shape, weights, ropes, config, quantization)

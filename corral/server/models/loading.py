@@ -192,12 +192,9 @@ def _load_dummy(
     weights = dummy_weights(config, dtype, device)
     network: Any
     if impl == "corral":
-        from corral.server.models.decoder_config import decoder_shape, rope_frequencies
-        from corral.server.models.llama_family import LlamaFamilyModel
+        from corral.server.models.llama_family import llama_family_from_weights
 
-        shape = decoder_shape(text)
-        ropes = {t: rope_frequencies(text, shape.head_dim, t) for t in dict.fromkeys(shape.layer_types)}
-        network = LlamaFamilyModel(shape, weights, ropes, text, quantized).eval()
+        network = llama_family_from_weights(text, weights, quantized)
     else:
         from transformers import AutoModelForCausalLM
 
