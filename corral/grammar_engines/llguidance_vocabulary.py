@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import llguidance
 import llguidance.hf
@@ -71,7 +70,7 @@ def special_ids_by_text(tokenizer: llguidance.LLTokenizer, vocabulary: Vocabular
     return {tokenizer.decode_bytes([i]).decode(errors="replace"): i for i in ids}
 
 
-def compile_only(tokenizer: llguidance.LLTokenizer, vocabulary: VocabularyTokenizer | None) -> Any:
+def compile_only(tokenizer: llguidance.LLTokenizer, vocabulary: VocabularyTokenizer | None) -> llguidance.LLTokenizer:
     """The tokenizer a compile worker keeps: no slices (they speed up masks, which a worker never fills) and, for
     a wrapper, llguidance's greedy tokenizing instead of the Rust tokenizer, which can then go (a worker's
     matchers are checks; the server builds its own)."""
