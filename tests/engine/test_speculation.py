@@ -5,15 +5,17 @@ constraint kind and both engines, alone and in a batch; only greedy rows draft."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from conftest import run_until_done
 
 from corral.grammar_engines.compilation import GrammarCache
-from corral.grammar_engines.protocol import TokenizerSpec, allocate_bitmask
+from corral.grammar_engines.protocol import Matcher, TokenizerSpec, allocate_bitmask
 from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from corral.server.engine.drafting import DraftCounts, NgramIndex, propose
+from corral.server.engine.drafting import DraftCounts, NgramIndex, PromptText, propose
 from corral.server.engine.speculation import CostParts, StepCost, StepShape, best_length
 from corral.server.models import LoadedModel, load_model
 
@@ -159,11 +161,17 @@ def test_a_draft_is_cut_where_the_grammar_refuses_it_carries_forced_tokens_and_l
 
 def test_each_row_drafts_only_as_far_as_it_pays() -> None:
     # A step of 1 token at 100 ms: cheap draft tokens and a good rate pay; a costly token or a poor rate does not.
-    assert best_length(0.9, 8, 100.0, 1.0, 5.0) == 8
-    assert best_length(0.9, 8, 100.0, 1.0, 5.0, first=1000.0) == 0  # a costly first draft place: not worth it
-    assert best_length(0.9, 8, 100.0, 1.0, 200.0) == 0
-    assert best_length(0.1, 8, 100.0, 1.0, 60.0) == 0
-    assert 0 < best_length(0.7, 8, 100.0, 1.0, 30.0) < 8
+    def line(per_token: float, first: float = 0.0) -> Callable[[int], float]:
+        return lambda n: 100.0 + (first if n else 0.0) + per_token * n
+
+    assert best_length(0.9, 8, line(5.0), 1.0) == 8
+    assert best_length(0.9, 8, line(5.0, first=1000.0), 1.0) == 0  # a costly first draft place: not worth it
+    assert best_length(0.9, 8, line(200.0), 1.0) == 0
+    assert best_length(0.1, 8, line(60.0), 1.0) == 0
+    assert 0 < best_length(0.7, 8, line(30.0), 1.0) < 8
+    # A staircase (a kernel that takes 4 rows at a time): 2 and 3 tokens cost what 4 do, so 3 guesses, not 1.
+    stairs = [90.0, 146.0, 172.0, 146.0, 177.0, 213.0, 240.0, 251.0, 330.0]
+    assert best_length(0.75, 8, lambda n: stairs[n], 1.0) == 3
     counts = DraftCounts()
     for _ in range(10):
         counts.record(4, 0)
@@ -192,3 +200,73 @@ def test_step_cost_fit_reads_each_part_of_a_step() -> None:
     assert parts.multi_row == pytest.approx(6.0, rel=0.3)
     assert parts.step_ms(StepShape(2, 1, 0, 1)) == pytest.approx(37.0, rel=0.05)
     assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(53.5, rel=0.05)
+
+
+def test_step_cost_keeps_what_each_count_of_fed_tokens_costs_off_the_line() -> None:
+    """A kernel that takes 4 rows at a time: 2 and 3 tokens cost what 4 do. The fit's line cannot show it; the
+    per-count differences do, so a step of 4 reads cheaper than one of 3."""
+    measured = {1: 90.0, 2: 146.0, 3: 172.0, 4: 146.0, 5: 177.0, 6: 213.0, 8: 251.0}
+    cost = StepCost()
+    for _ in range(20):
+        for tokens, ms in measured.items():
+            cost.record(StepShape(tokens, 1, tokens - 1, 1), ms)
+    parts = cost.parts()
+    for tokens, ms in measured.items():
+        assert parts.step_ms(StepShape(tokens, 1, tokens - 1, 1)) == pytest.approx(ms, rel=0.1), tokens
+    assert parts.step_ms(StepShape(4, 1, 3, 1)) < parts.step_ms(StepShape(3, 1, 2, 1))
+
+
+def _json_matcher(loaded: LoadedModel, cache: GrammarCache, properties: list[str]) -> tuple[Matcher, GrammarSpec]:
+    spec = GrammarSpec.json_schema({"type": "object", "required": properties, "additionalProperties": False,
+                                    "properties": {p: {"type": "string"} for p in properties}})
+    compiled = cache.compile(spec, "llguidance")
+    return cache.backends.get(compiled.backend).new_matcher(compiled.compiled), spec
+
+
+def _prompt_text(loaded: LoadedModel) -> PromptText:
+    tok = loaded.tokenizer
+    return PromptText(lambda t: str(tok.decode([t])), lambda s: list(tok.encode(s, add_special_tokens=False)),
+                      lambda ids: str(tok.decode(ids)))
+
+
+def test_under_a_grammar_punctuation_alone_does_not_guess_the_next_value(
+    loaded: LoadedModel, cache: GrammarCache
+) -> None:
+    """After `", "zip": "` an answer starts a new value: what followed `": "` earlier (the city) is no guess for it.
+    Without the grammar rule the lookup proposes it; with it, nothing, so no forward position is spent on it."""
+    tok = loaded.tokenizer
+    matcher, _ = _json_matcher(loaded, cache, ["city", "zip"])
+    prompt = tok.encode("Where does Ada live? Reply in JSON.", add_special_tokens=False)
+    answer = tok.encode('{"city": "London", "zip": "', add_special_tokens=False)
+    for token in answer:
+        assert matcher.accept_token(token)
+    index = NgramIndex()
+    context = [*prompt, *answer]
+    index.sync(context)
+    stops = frozenset(loaded.stop_token_ids)
+    plain = propose(index, context, 4, matcher, stops, 100)
+    assert tok.decode(plain.tokens).startswith("London"), tok.decode(plain.tokens)
+    text = _prompt_text(loaded)
+    index.prompt_text = text.decode(prompt)
+    assert propose(index, context, 4, matcher, stops, 100, text, len(answer)).tokens == []
+
+
+def test_a_copy_that_starts_inside_a_prompt_token_is_found_by_its_text(
+    loaded: LoadedModel, cache: GrammarCache
+) -> None:
+    """The answer's value began with its own tokens (after its quote), not the prompt's: the token lookup finds
+    nothing, the text lookup finds the rest of the value in the prompt, cut where the grammar refuses it."""
+    tok = loaded.tokenizer
+    matcher, _ = _json_matcher(loaded, cache, ["company"])
+    prompt = tok.encode("I write on behalf of Northwind Traders AB, Stockholm.", add_special_tokens=False)
+    answer = tok.encode('{"company": "Northw', add_special_tokens=False)
+    for token in answer:
+        assert matcher.accept_token(token)
+    text = _prompt_text(loaded)
+    index = NgramIndex()
+    context = [*prompt, *answer]
+    index.sync(context)
+    index.prompt_text = text.decode(prompt)
+    draft = propose(index, context, 8, matcher, frozenset(loaded.stop_token_ids), 100, text, len(answer))
+    assert tok.decode(answer + draft.tokens).startswith('{"company": "Northwind Traders AB'), tok.decode(draft.tokens)
+    assert text.guesses(index.prompt_text, tok.encode('{"company": "Xq', add_special_tokens=False), 8) == []

@@ -9,6 +9,7 @@ model agrees with (corral/server/engine/speculation.py), so a draft never change
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
@@ -17,18 +18,27 @@ import torch
 from corral.grammar_engines.protocol import Matcher
 
 NGRAM_MAX = 4  # the longest suffix looked up; longer matches are rarer and barely more precise
-NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the forward
+NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the forward...
+# ...but for a grammar's punctuation (`":` then ` "`, `",` then a line break), whose answer repeats its own shape.
 DECAY = 0.8  # weight of a row's earlier drafts in its acceptance estimate: recent answers tell more
 IDLE_DECAY = 0.97  # and per step without a draft: old evidence fades (half-life ~23 steps), a probe's stays a while
+# A text lookup (PromptText) matches the answer's last characters since its last quote, at least TEXT_KEY_MIN of
+# them (fewer match anywhere) and at most TEXT_KEY_MAX, and tokenizes TEXT_AHEAD characters of the prompt after
+# the match as its guesses.
+TEXT_KEY_MIN = 3
+TEXT_KEY_MAX = 24
+TEXT_TAIL_TOKENS = 8
+TEXT_AHEAD = 96
 
 
 class NgramIndex:
-    """Where each n-gram (NGRAM_MIN..NGRAM_MAX tokens) of a token list last occurred with a token after it.
+    """Where each n-gram (1..NGRAM_MAX tokens) of a token list last occurred with a token after it.
     Grown as the answer grows; `tokens` may also shrink (a revision), which rebuilds it."""
 
     def __init__(self) -> None:
         self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token that followed it
         self._tokens: list[int] = []
+        self.prompt_text: str | None = None  # the row's prompt as text, for PromptText's lookups
 
     def sync(self, tokens: Tokens[int]) -> None:
         """Index `tokens` (the prompt and the answer so far), adding only what is new since the last call."""
@@ -38,20 +48,73 @@ class NgramIndex:
         self._tokens.extend(tokens[known:])
         # An n-gram ending at i - 1 is followed by token i: index it once token i exists.
         for i in range(max(1, known), len(self._tokens)):
-            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            for n in range(1, NGRAM_MAX + 1):
                 if i - n >= 0:
                     self._next[tuple(self._tokens[i - n : i])] = i
 
-    def continuation(self, tail: Tokens[int]) -> int | None:
-        """Where the tokens after the longest indexed suffix of `tail` start in the indexed list, or None."""
-        for n in range(min(NGRAM_MAX, len(tail)), NGRAM_MIN - 1, -1):
-            found = self._next.get(tuple(tail[len(tail) - n :]))
+    def continuation(
+        self, tail: Tokens[int], vague: Callable[[tuple[int, ...], int], bool] | None = None, shortest: int = NGRAM_MIN
+    ) -> int | None:
+        """Where the tokens after the longest indexed suffix of `tail` (at least `shortest` tokens) start in the
+        indexed list, or None. Where `vague(suffix, next_token)` says a suffix does not predict the token that
+        followed it, the lookup ends."""
+        for n in range(min(NGRAM_MAX, len(tail)), shortest - 1, -1):
+            suffix = tuple(tail[len(tail) - n :])
+            found = self._next.get(suffix)
             if found is not None:
-                return found
+                return None if vague is not None and vague(suffix, self._tokens[found]) else found
         return None
 
     def token(self, index: int) -> int | None:
         return self._tokens[index] if index < len(self._tokens) else None
+
+
+class _Copied:
+    """Guesses a text lookup tokenized, read as NgramIndex's are (no lookup anew after forced tokens)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+
+    def token(self, index: int) -> int | None:
+        return self._tokens[index] if index < len(self._tokens) else None
+
+    def continuation(
+        self, tail: Tokens[int], vague: Callable[[tuple[int, ...], int], bool] | None = None, shortest: int = NGRAM_MIN
+    ) -> int | None:
+        return None
+
+
+class PromptText:
+    """Copies that start inside one of the prompt's tokens. A JSON string value starts after its quote, so its
+    first tokens are not the prompt's (` Casa` there; `"`, `C`, `asa` in the answer) and no n-gram of tokens
+    matches until the copy is several tokens old. Matching the answer's text since its last quote in the prompt's
+    text, and tokenizing what follows there, guesses the rest of the copy one or two tokens in. Also tells which
+    tokens carry a letter or a digit (`informative`), for the token lookups."""
+
+    def __init__(
+        self, token_text: Callable[[int], str], encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]
+    ) -> None:
+        self._token_text, self._encode, self.decode = token_text, encode, decode
+        self._informative: dict[int, bool] = {}
+
+    def informative(self, token: int) -> bool:
+        known = self._informative.get(token)
+        if known is None:
+            known = self._informative[token] = any(c.isalnum() for c in self._token_text(token))
+        return known
+
+    def guesses(self, prompt_text: str, answer: Tokens[int], limit: int) -> list[int]:
+        """Up to `limit` tokens of the prompt's text after the answer's last characters (since its last quote,
+        at most TEXT_KEY_MAX), where they occur last in it; none where they are too short or absent."""
+        text = "".join(self._token_text(t) for t in answer[-TEXT_TAIL_TOKENS:])
+        key = text[text.rfind('"') + 1 :][-TEXT_KEY_MAX:]
+        if len(key.strip()) < TEXT_KEY_MIN or not any(c.isalnum() for c in key):
+            return []
+        found = prompt_text.rfind(key)
+        if found < 0:
+            return []
+        ahead = prompt_text[found + len(key) : found + len(key) + TEXT_AHEAD]
+        return self._encode(ahead)[:limit] if ahead else []
 
 
 @dataclass
@@ -88,19 +151,39 @@ def propose(
     matcher: Matcher | None,
     stop_ids: frozenset[int],
     forced_room: int,
+    text: PromptText | None = None,
+    answer_length: int = 0,
 ) -> Draft:
     """Up to `limit` draft tokens after `context` (the prompt, the answer and the row's pending tokens). With a
     grammar, each guess must be accepted by `matcher`, and the tokens the grammar then forces follow it (within
-    `forced_room`, as jump-forward would append them); the matcher is put back as it was before returning."""
+    `forced_room`, as jump-forward would append them); the matcher is put back as it was before returning.
+    With `text` (and `index.prompt_text`), where no n-gram is found the answer's last `answer_length` tokens are
+    looked up in the prompt's text. Under a grammar with `text`, punctuation is looked up alone (the answer's own
+    shape: `":` is followed by ` "`), and punctuation alone never guesses a word or a number: after `", "city": "`
+    a JSON answer starts a new value, and what followed `": "` earlier is another field's (on Qwen2.5's
+    extraction a third of all drafts, none of them kept)."""
     draft = Draft()
     tail = context[-NGRAM_MAX:]
-    source = index.continuation(tail)
+    origin: NgramIndex | _Copied = index
+    shaped = text is not None and matcher is not None
+
+    def vague(suffix: tuple[int, ...], following: int) -> bool:
+        assert text is not None
+        return text.informative(following) and not any(map(text.informative, suffix[-NGRAM_MIN:]))
+
+    rule = vague if shaped else None
+    shortest = 1 if shaped and tail and text is not None and not text.informative(tail[-1]) else NGRAM_MIN
+    source = index.continuation(tail, rule, shortest)
+    if source is None and text is not None and index.prompt_text is not None and answer_length:
+        origin, source = _Copied(text.guesses(index.prompt_text, context[-answer_length:], limit)), 0
     accepted = 0
+    looked_up = True  # the next guess is a lookup's (it judged the whole suffix), not a run's next token
     try:
         while source is not None and len(draft) < limit:
-            guess = index.token(source)
-            if guess is None or guess in stop_ids:
+            guess = origin.token(source)
+            if guess is None or guess in stop_ids or (rule is not None and not looked_up and rule(tuple(tail), guess)):
                 break
+            looked_up = False
             if matcher is not None:
                 if not matcher.accept_token(guess):
                     break
@@ -117,8 +200,11 @@ def propose(
                 if forced:
                     tail = [*tail, *forced][-NGRAM_MAX:]
                     # The copy goes on past the forced tokens where its source has them too, else it is looked up anew.
-                    following = [index.token(source + i) for i in range(len(forced))]
-                    source = source + len(forced) if following == forced else index.continuation(tail)
+                    following = [origin.token(source + i) for i in range(len(forced))]
+                    if following != forced:
+                        source, looked_up = origin.continuation(tail, rule), True
+                    else:
+                        source += len(forced)
                 if matcher.is_terminated():
                     break
     finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from corral.grammar_engines.protocol import TokenizerSpec
+from corral.server.engine.drafting import PromptText
 from corral.server.engine.endings import Endings
 from corral.server.engine.inbox import Inbox
 from corral.server.engine.logprobs import TokenLogprob
@@ -90,6 +91,7 @@ class Engine:
         self.speculation = Speculation(
             drafts, self.stop_ids, self.revise_id, SHORT_ROW_MAX, self.max_len, loaded.vocab_size,
             jump_forward=config.jump_forward,
+            text=PromptText(self.output.token_text, self.output.encode, self.output.decode),
         )
         self.threads = ThreadTuner(config.thread_choices) if config.thread_choices else None
         self._torch_threads = TorchThreads()

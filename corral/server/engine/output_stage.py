@@ -24,6 +24,10 @@ class OutputStage:
     def decode(self, ids: list[int]) -> str:
         return self._answer.decode(ids)
 
+    def encode(self, text: str) -> list[int]:
+        """The text's tokens, no special tokens added."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def token_text(self, token: int) -> str:
         cached = self._texts.get(token)
         if cached is None:

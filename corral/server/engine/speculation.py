@@ -12,7 +12,7 @@ measured step cost make worth it (`best_length`).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
@@ -23,7 +23,7 @@ import torch
 
 from corral.grammar_engines.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
 from corral.grammar_engines.protocol import Matcher, allocate_bitmask
-from corral.server.engine.drafting import Draft, NgramIndex, propose
+from corral.server.engine.drafting import Draft, NgramIndex, PromptText, propose
 from corral.server.engine.model_runner import ForwardRow
 from corral.server.engine.sequence import Sequence
 from corral.structured import set_bit
@@ -35,9 +35,13 @@ COST_WINDOW = 256  # decode steps the step-cost fit reads
 # one row (ggml's product of one row is its own fast kernel: the first extra row costs what the next six do;
 # measured: docs/measured-choices.md#speculation-step-cost). COST_PRIOR: the parts relative to the mean
 # step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
-# as (ridge regression towards it).
+# as (ridge regression towards it). On top of that line, each count of fed tokens keeps its own measured
+# difference from it (shrunk towards none by SHAPE_SHRINK steps' worth): a kernel's cost is a staircase, not a
+# line (on the Xeon, ggml's quantized products take 4 rows at a time: Qwen2.5 1.5B's step of 2 tokens cost 146 ms,
+# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost).
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
+SHAPE_SHRINK = 2.0
 # A row that does not draft still guesses PROBE_LENGTH tokens every PROBE_EVERY steps where its lookup finds
 # one: without evidence its acceptance stays at the prior, which may never look worth a draft (text that copies
 # well would then never be drafted at all).
@@ -50,9 +54,13 @@ class StepShape:
     """What a decode step computed: the regressors of its time."""
 
     tokens: int
-    dense_rows: int
+    dense_rows: float  # a planned draft's share of dense places may be fractional
     draft_places: int
     rows: int
+
+    def grown(self, tokens: int, dense_rows: float) -> StepShape:
+        """This step with a draft of `tokens` more (each a draft place), `dense_rows` of them dense."""
+        return StepShape(self.tokens + tokens, self.dense_rows + dense_rows, self.draft_places + tokens, self.rows)
 
     def features(self) -> list[float]:
         return [1.0, self.tokens, self.dense_rows, self.draft_places, self.rows, float(self.dense_rows > 1)]
@@ -68,9 +76,14 @@ class CostParts:
     per_place: float
     per_row: float
     multi_row: float = 0.0  # a head product of more than one row, once per step
+    by_tokens: tuple[float, ...] = ()  # [n]: the measured steps of n fed tokens' mean difference from the line
 
     def step_ms(self, shape: StepShape) -> float:
-        return float(sum(p * f for p, f in zip(dataclasses.astuple(self), shape.features(), strict=True)))
+        line = (self.fixed, self.per_token, self.per_dense_row, self.per_place, self.per_row, self.multi_row)
+        ms = sum(p * f for p, f in zip(line, shape.features(), strict=True))
+        if shape.tokens < len(self.by_tokens):
+            ms += self.by_tokens[shape.tokens]
+        return max(float(ms), 0.0)
 
 
 class StepCost:
@@ -90,22 +103,42 @@ class StepCost:
         prior = np.array(COST_PRIOR) * float(times.mean())
         # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are these.
         weight = PRIOR_WEIGHT * np.eye(len(COST_PRIOR))
-        fitted = np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior)
-        return CostParts(*(float(v) for v in np.maximum(fitted, 0.01 * prior)))
+        fitted = np.maximum(np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior),
+                            0.01 * prior)
+        residual = times - features @ fitted
+        counts = np.array([s.tokens for s, _ in self._steps])
+        by_tokens = np.bincount(counts, weights=residual) / (np.bincount(counts) + SHAPE_SHRINK)
+        fixed, per_token, per_dense_row, per_place, per_row, multi_row = (float(v) for v in fitted)
+        return CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
+                         tuple(float(v) for v in by_tokens))
 
 
-def best_length(rate: float, limit: int, step_ms: float, made: float, per_token: float, first: float = 0.0) -> int:
-    """How many draft tokens maximise the step's expected tokens per ms: `made` tokens the step gives anyway in
-    `step_ms`, each draft token adding `per_token` ms (and any draft `first` ms once) and, the i-th, `rate ** i`
-    expected tokens."""
-    best, best_rate = 0, made / step_ms
+def best_length(rate: float, limit: int, step_ms: Callable[[int], float], made: float) -> int:
+    """How many draft tokens maximise the step's expected tokens per ms: `made` tokens the step gives anyway,
+    `step_ms(n)` its time with n draft tokens, the i-th adding `rate ** i` expected tokens."""
+    best, best_rate = 0, made / max(step_ms(0), 1e-9)
     gain = 0.0
     for length in range(1, limit + 1):
         gain += rate**length
-        value = (made + gain) / (step_ms + first + per_token * length)
+        value = (made + gain) / max(step_ms(length), 1e-9)
         if value > best_rate:
             best, best_rate = length, value
     return best
+
+
+def _draft_ms(cost: CostParts, step: StepShape, dense_share: float, tokens: int) -> float:
+    """The step's time with a draft of `tokens` more, `dense_share` of its places dense."""
+    return cost.step_ms(step.grown(tokens, tokens * dense_share))
+
+
+def expected_kept(draft: Draft, rate: float) -> float:
+    """The draft tokens a row should keep: each guess kept with `rate` once the one before it was, the grammar's
+    forced tokens with the guess before them."""
+    kept, chance = 0.0, 1.0
+    for forced in draft.forced:
+        chance *= 1.0 if forced else rate
+        kept += chance
+    return kept
 
 
 class Speculation:
@@ -121,9 +154,12 @@ class Speculation:
         vocab_size: int,
         *,
         jump_forward: bool = True,
+        text: PromptText | None = None,
     ) -> None:
-        """row_max: tokens a row may feed and stay on the decode path (slot_attention.SHORT_ROW_MAX)."""
+        """row_max: tokens a row may feed and stay on the decode path (slot_attention.SHORT_ROW_MAX); text: the
+        tokenizer's side of the lookups (informative tokens, copies that start inside a prompt token)."""
         self.max_draft = max_draft
+        self.text = text
         self.jump_forward = jump_forward
         self.stop_ids = stop_ids
         self.revise_id = revise_id
@@ -138,10 +174,10 @@ class Speculation:
     def prepare(self, batch: list[Sequence]) -> None:
         """Give each row that may draft its draft for this step (`seq.draft`), sized by `best_length`."""
         cost = self.cost.parts()
-        # This step without drafts: its fed tokens, and a logit row per row (dense or not, the head costs it).
-        step_ms = cost.step_ms(StepShape(sum(len(s.pending) for s in batch), len(batch), 0, len(batch)))
+        # This step without drafts: its fed tokens, and a logit row per row (dense or not, the head costs it); each
+        # row's draft adds to it.
+        step = StepShape(sum(len(s.pending) for s in batch), len(batch), 0, len(batch))
         made = float(len(batch))
-        dense_rows = len(batch)  # as if every row's logits were dense: a sparse one's cost little either way
         for seq in batch:
             seq.draft = None
             limit = self._limit(seq)
@@ -149,33 +185,40 @@ class Speculation:
                 continue
             if seq.ngrams is None:
                 seq.ngrams = NgramIndex()
+                if self.text is not None:
+                    seq.ngrams.prompt_text = self.text.decode(seq.prompt_ids)
             context = [*seq.prompt_ids, *seq.output_ids]
             seq.ngrams.sync(context)
-            rate = seq.drafting.rate
-            draft_token_ms = cost.per_token + cost.per_place + cost.per_dense_row * seq.drafting.dense_share
-            # The first draft place of a step of one head row makes its head product a multi-row one.
-            jump = cost.multi_row if dense_rows == 1 else 0.0
-            length = best_length(rate, limit, step_ms, made, draft_token_ms, jump)
+            rate, share = seq.drafting.rate, seq.drafting.dense_share
+            length = best_length(rate, limit, functools.partial(_draft_ms, cost, step, share), made)
             # Probes only in a step of one row: in a batch each probe's places cost every row a share of the step
             # (Gemma 3's extraction at concurrency 8 ran 0.88x with them).
-            if length == 0 and (seq.drafting.idle() < PROBE_EVERY or len(batch) > 1):
+            probe = length == 0
+            if probe and (seq.drafting.idle() < PROBE_EVERY or len(batch) > 1):
                 continue
             # A probe: a few guesses now and then, so a row's acceptance is measured at all, and the step cost seen
             # at more than one draft size (one size alone cannot tell a draft's first place from the next ones).
             length = max(length, min(PROBE_LENGTH, limit))
             # The room jump-forward has after each guess (none where it is off: the draft forces nothing either).
             forced_room = seq.params.max_tokens - len(seq.output_ids) if self.jump_forward else 0
-            draft = propose(seq.ngrams, context, length, seq.matcher, self.stop_ids, forced_room)
+            draft = propose(seq.ngrams, context, length, seq.matcher, self.stop_ids, forced_room, self.text,
+                            len(seq.output_ids))
             if draft.proposed == 0:
+                continue
+            # The lookup may find fewer tokens than were worth feeding: a draft that does not pay as it is, is not fed.
+            gain = expected_kept(draft, rate)
+            places = len(draft.outputs())
+            drafted_ms = cost.step_ms(step.grown(len(draft), places * share))
+            if not probe and (made + gain) / max(drafted_ms, 1e-9) <= made / max(cost.step_ms(step), 1e-9):
                 continue
             draft.start, draft.cached = len(seq.output_ids), seq.num_cached + len(seq.pending)
             if seq.matcher is not None:
                 self._mask(seq, seq.matcher, draft)
                 seq.drafting.saw_places(len(draft.outputs()), len(draft.sparse))
             seq.draft = draft
-            step_ms += draft_token_ms * len(draft) + jump
-            dense_rows += len(draft.outputs())
-            made += sum(rate ** (i + 1) for i in range(len(draft)))
+            step = StepShape(step.tokens + len(draft), step.dense_rows + places - len(draft.sparse),
+                             step.draft_places + places, step.rows)  # the draft as fed: its places, its sparse ones
+            made += gain
 
     def _limit(self, seq: Sequence) -> int:
         """Draft tokens this row may feed: none while it prefills or where its pick is not the best logit."""
