@@ -38,6 +38,9 @@ INSTRUCTION = ("Extract the customer's order from the e-mail below as JSON with 
 
 
 FREE_INSTRUCTION = "Reply to the customer's e-mail below: confirm every detail of the order, quoting it back."
+# The plain task: text on a topic, nothing in the prompt to copy.
+TOPICS = ["how bread rises", "why the sky is blue", "the history of the bicycle", "how tides work",
+          "what a compiler does", "how bees make honey", "why leaves change colour", "how a lighthouse works"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class ExtractionCase:
     prompt: str
     expected: dict[str, Any]
     free_prompt: str  # the same e-mail for the free-text task (answered in words, no schema)
+    plain_prompt: str = ""  # the plain task's: a topic, no e-mail
 
 
 def extraction_cases(count: int, seed: int = 7) -> list[ExtractionCase]:
@@ -80,5 +84,6 @@ def extraction_cases(count: int, seed: int = 7) -> list[ExtractionCase]:
             f"{first} also mentioned that their warehouse moves next spring, so please note that the address may "
             f"change then. If anything is missing, reply to this thread.\n\nThanks,\nJonas (sales, case {i + 1})"
         )
-        cases.append(ExtractionCase(f"{INSTRUCTION}\n\n{email}", record, f"{FREE_INSTRUCTION}\n\n{email}"))
+        plain = f"Explain {TOPICS[i % len(TOPICS)]} in a few paragraphs."
+        cases.append(ExtractionCase(f"{INSTRUCTION}\n\n{email}", record, f"{FREE_INSTRUCTION}\n\n{email}", plain))
     return cases

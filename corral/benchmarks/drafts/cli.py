@@ -24,9 +24,10 @@ def add_drafts_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         server_args="`corral serve` flags for the server the benchmark starts",
         server_args_default="--model qwen2.5-coder-1.5b-instruct", out="bench-out/drafts", width=200,
     ) as p:
-        p.add_argument("--task", choices=["extract", "free"], default="extract",
+        p.add_argument("--task", choices=["extract", "free", "plain"], default="extract",
                        help="extract: the order as JSON under its schema; free: a reply in words quoting the "
-                       "order, no schema (default extract)")
+                       "order, no schema; plain: a short text on a topic that copies nothing, ignoring EOS so "
+                       "every answer is --max-tokens long (default extract)")
         p.add_argument("--items", type=int, default=8, metavar="N", help="extraction requests per pass (default 8)")
         p.add_argument("--concurrency", default="1", metavar="LIST", help="comma-separated levels (default 1)")
         p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="max_tokens (default 256)")
@@ -57,13 +58,12 @@ def run_drafts(args: argparse.Namespace, bench: Bench) -> int:
     with managed if managed is not None else nullcontext():
         url = args.server or (managed.url if managed is not None else "")
         model = resolve_peer_model(url, None)
-        free = args.task == "free"
-        sides = [Side(DRAFTS_ON, url, model, drafts=True, free=free),
-                 Side(DRAFTS_OFF, url, model, drafts=False, free=free)]
+        sides = [Side(DRAFTS_ON, url, model, drafts=True, task=args.task),
+                 Side(DRAFTS_OFF, url, model, drafts=False, task=args.task)]
         if args.peer_url:
             peer_model = resolve_peer_model(args.peer_url, args.peer_model)
             sides.append(Side(PEER, args.peer_url.rstrip("/"), peer_model, constraint=args.peer_constraint,
-                              free=free))
+                              task=args.task))
         cases = extraction_cases(args.items)
         with bench.progress() as progress:
             progress.phase("passes", args.repeats * len(levels) * len(sides))
@@ -81,7 +81,7 @@ def run_drafts(args: argparse.Namespace, bench: Bench) -> int:
               "repeats": args.repeats,
               "max_tokens": args.max_tokens, "peer_url": args.peer_url, "peer_constraint": args.peer_constraint}
     path = bench.write_results(config, [*rows, *({"run": run.as_dict()} for run in runs)])
-    bench.wrote(path, _plot(bench, rows, levels, free))
+    bench.wrote(path, _plot(bench, rows, levels, args.task))
     return 0
 
 
@@ -121,7 +121,7 @@ def _share(value: float | None) -> str:
     return f"{value:.0%}" if value is not None else "-"
 
 
-def _plot(bench: Bench, rows: list[dict[str, Any]], levels: list[int], free: bool) -> Any:
+def _plot(bench: Bench, rows: list[dict[str, Any]], levels: list[int], task: str) -> Any:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     sides = list(dict.fromkeys(r["side"] for r in rows))
@@ -132,6 +132,8 @@ def _plot(bench: Bench, rows: list[dict[str, Any]], levels: list[int], free: boo
         ax.bar([j + i * width for j in range(len(levels))], values, width, label=side)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [f"c{c}" for c in levels])
     ax.set_ylabel("answers per second")
-    ax.set_title("answers to an e-mail, greedy: " + ("a reply in words" if free else "JSON extraction"))
+    titles = {"extract": "answers to an e-mail, greedy: JSON extraction",
+              "free": "answers to an e-mail, greedy: a reply in words", "plain": "text that copies nothing, greedy"}
+    ax.set_title(titles[task])
     ax.legend()
     return save_figure(fig, bench.out / "drafts.png")

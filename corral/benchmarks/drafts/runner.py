@@ -25,7 +25,8 @@ class Side:
     model: str
     drafts: bool | None = None  # corral: True / False; a peer: None
     constraint: str = "response_format"  # response_format (OpenAI's json_schema) or json_schema (llama-server)
-    free: bool = False  # the free-text task: the e-mail answered in words, no schema
+    task: str = "extract"  # extract (the JSON record), free (the e-mail answered in words), plain (text that copies
+    # nothing, every answer max_tokens long: where drafts find little, they must not cost)
 
 
 @dataclass
@@ -61,14 +62,17 @@ class Run:
 def body(side: Side, case: ExtractionCase, max_tokens: int, tag: str) -> dict[str, Any]:
     """The request; `tag` opens the prompt, unique per side and pass, so no side reuses another's cached
     prompt (each pays its prefill, as distinct e-mails would)."""
-    prompt = f"Ticket {tag}.\n\n" + (case.free_prompt if side.free else case.prompt)
+    text = {"extract": case.prompt, "free": case.free_prompt, "plain": case.plain_prompt}[side.task]
+    prompt = f"Ticket {tag}.\n\n" + text
     payload: dict[str, Any] = {
         "model": side.model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
     }
-    if side.free:
+    if side.task == "plain":
+        payload["ignore_eos"] = True
+    elif side.task == "free":
         pass
     elif side.constraint == "json_schema":
         payload["json_schema"] = SCHEMA

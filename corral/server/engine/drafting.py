@@ -129,6 +129,7 @@ class Draft:
     # (their logits are computed for those ids alone, as a sparse row's are).
     masks: torch.Tensor | None = None
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)
+    probe: bool = False  # fed to measure the row's acceptance, not because it was expected to pay
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -239,6 +240,7 @@ class DraftCounts:
     refused: float = 0.0
     dense_share: float = 1.0  # of its draft places, the share whose logits need the whole vocabulary (decayed)
     idle_steps: int = 0  # steps since its last draft
+    probe_gap: int = 8  # steps without a draft before it probes (speculation.py: PROBE_EVERY, doubled by misses)
 
     @property
     def rate(self) -> float:
