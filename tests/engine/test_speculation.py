@@ -16,10 +16,16 @@ from corral.grammar_engines.protocol import Matcher, TokenizerSpec, allocate_bit
 from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
-from corral.server.engine.drafting import Draft, DraftCounts, NgramIndex, PromptText, propose
-from corral.server.engine.speculation import (
+from corral.server.engine.drafting import (
     PROBE_EVERY,
     PROBE_MOST,
+    Draft,
+    DraftCounts,
+    NgramIndex,
+    PromptText,
+    propose,
+)
+from corral.server.engine.speculation import (
     CostParts,
     Speculation,
     StepCost,

@@ -42,13 +42,7 @@ COST_WINDOW = 256  # decode steps the step-cost fit reads
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
 SHAPE_SHRINK = 2.0
-# A row that does not draft still guesses PROBE_LENGTH tokens every PROBE_EVERY steps where its lookup finds
-# one: without evidence its acceptance stays at the prior, which may never look worth a draft (text that copies
-# well would then never be drafted at all).
-PROBE_EVERY = 8
-# A probe that keeps nothing doubles the wait before the next, up to PROBE_MOST steps: on text that copies nothing
-# Qwen2.5's probes cost 0.91x its speed without drafts at every 8 steps (a 4-token step costs 1.6 steps of 1).
-PROBE_MOST = 64
+# A row that does not draft still probes (DraftCounts.probe_gap): PROBE_LENGTH guesses now and then.
 PROBE_LENGTH = 3
 
 
@@ -308,8 +302,7 @@ class Speculation:
         accepted = draft.forced[:kept].count(False)
         seq.drafting.record(draft.proposed, accepted)
         if draft.probe:
-            gap = seq.drafting.probe_gap
-            seq.drafting.probe_gap = PROBE_EVERY if accepted else min(2 * gap, PROBE_MOST)
+            seq.drafting.probed(kept=accepted > 0)
 
     def _pick(self, seq: Sequence, draft: Draft, logits: torch.Tensor, row: int) -> int | None:
         """The greedy pick at a draft place, as a step makes it there: under the grammar's mask (a sparse place
