@@ -215,7 +215,7 @@ def test_prefix_cache_hits_match_transformers(checkpoint: Checkpoint) -> None:
     _step(runner, [first])  # its prompt's KV is now written and indexed
     same_system = Row(system + _prompt(12, 3))
     same_prompt = Row(list(first.prompt))  # `n` > 1: another sample of the same prompt
-    assert _admit(runner, same_system, free) == 2 * BLOCK_SIZE
+    assert _admit(runner, same_system, free) == len(system)  # two blocks, then token by token
     # The whole prompt is cached; its last token is fed again for its logits.
     assert _admit(runner, same_prompt, free) == 3 * BLOCK_SIZE - 1
     rows = [first, same_system, same_prompt]
@@ -227,12 +227,12 @@ def test_prefix_cache_hits_match_transformers(checkpoint: Checkpoint) -> None:
     next_turn = Row(first.full[:-1] + _prompt(13, 4))
     hit = _admit(runner, next_turn, free)
     assert next_turn.slot == first.slot
-    assert hit == (len(first.full) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert hit == len(first.full) - 1  # every token it fed; its last sampled one was never fed
     while not next_turn.done():
         _step(runner, [next_turn])
     for row in (*rows, next_turn):
         _check(checkpoint, row)
-    assert runner.prefix.hit_tokens == 2 * BLOCK_SIZE + 3 * BLOCK_SIZE - 1 + hit
+    assert runner.prefix.hit_tokens == len(system) + 3 * BLOCK_SIZE - 1 + hit
 
 
 def test_real_model_past_its_sliding_window() -> None:

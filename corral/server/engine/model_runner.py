@@ -134,7 +134,12 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
         """Feed each row's tokens (writing their KV); the step's hidden states, ready for `head`."""
-        step = self._impl.decode(rows)
+        try:
+            step = self._impl.decode(rows)
+        except BaseException:
+            for row in rows:
+                self.prefix.discard(row.slot, row.start)
+            raise
         for row in rows:
             self.prefix.written(row.slot, row.start, row.tokens)
         return step

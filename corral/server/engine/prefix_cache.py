@@ -3,11 +3,15 @@
 Every full block (BLOCK_SIZE tokens) of KV written to a slot is indexed by a chained digest of all tokens up
 to its end, so equal digests mean equal KV. Admitting a sequence then:
 
-1. picks, among the free slots, the one that already holds the longest prefix of the prompt (reused where it
-   lies, nothing copied), else the least recently released one (so recent prefixes live longest);
+1. picks, among the free slots, the one that loses the fewest tokens it holds: an empty one, or one holding
+   only a prefix of the prompt (the previous turn, reused where it lies); among equals, the one holding the
+   most of the prompt, then the least recently released one (so recent prefixes live longest);
 2. copies the further matching blocks from whichever slot holds them (a running sibling sharing a system
    prompt, one of `n` samples, the previous turn of a conversation): one copy per hit, never per step;
-3. starts the sequence at the hit length, so only the uncached suffix is computed. At least the prompt's
+3. past the last full block, reuses token by token what a slot holding those blocks also holds (the same
+   prompt again, whose length is rarely a multiple of the block): the index finds blocks, the slots' own
+   token lists finish the match;
+4. starts the sequence at the hit length, so only the uncached suffix is computed. At least the prompt's
    last token is always fed, because its logits are needed.
 
 Whatever a forward writes (including a re-fed token after a revision, which lowers the length first)
@@ -65,19 +69,31 @@ class PrefixCache:
         matched = 0
         while matched < len(digests) and digests[matched] in self._holders:
             matched += 1
+        base = matched * BLOCK_SIZE
+        # Token-level reach past the matched blocks, in every slot that holds them all.
+        holders = self._holders[digests[matched - 1]] if matched else range(len(self._tokens))
+        reach = {s: _common_prefix(prompt, self._tokens[s], base + BLOCK_SIZE, base) for s in holders}
         free = set(free_slots)
-        # Prefer the free slot holding the most of the prefix in place; among equals, the least recently used.
         order = [s for s in self._released if s in free] + sorted(free - self._released.keys())
-        slot = max(order, key=lambda s: self._own_blocks(s, digests[:matched]))
-        own = self._own_blocks(slot, digests[:matched])
+        own_reach = {s: reach.get(s, self._own_blocks(s, digests[:matched]) * BLOCK_SIZE) for s in order}
+        # The free slot that forgets the fewest tokens it holds (an empty one, or one holding only a prefix of
+        # this prompt: the previous turn of a conversation); among equals, the one holding the most of the
+        # prompt in place, then the least recently used. Whatever another slot holds of the prompt is copied:
+        # a copy costs far less than the forward that would recompute it.
+        slot = min(order, key=lambda s: (len(self._tokens[s]) - own_reach[s], -own_reach[s]))
+        own = own_reach[slot]
+        source = max(reach, key=reach.__getitem__, default=slot)
+        total = max(own, reach.get(source, base))
         self._released.pop(slot, None)
-        self._forget_from(slot, own * BLOCK_SIZE)
-        for i in range(own, matched):
-            source = next(iter(self._holders[digests[i]]))
-            self.kv.copy_positions(source, slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
+        self._forget_from(slot, own)
+        for i in range(own // BLOCK_SIZE, matched):
+            holder = next(iter(self._holders[digests[i]]))
+            self.kv.copy_positions(holder, slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
             self._index(slot, digests[i])
-        self._tokens[slot] = list(prompt[: matched * BLOCK_SIZE])
-        hit = min(matched * BLOCK_SIZE, len(prompt) - 1)
+        if total > max(own, base):
+            self.kv.copy_positions(source, slot, max(own, base), total)
+        self._tokens[slot] = list(prompt[:total])
+        hit = min(total, len(prompt) - 1)
         self.queried_tokens += len(prompt)
         self.hit_tokens += hit
         self.on_lookup(len(prompt), hit)
@@ -126,6 +142,10 @@ class PrefixCache:
                 previous = hashlib.blake2b(previous + block, digest_size=16).digest()
                 self._index(slot, previous)
 
+    def discard(self, slot: int, start: int) -> None:
+        """A forward meant to write `slot` from `start` failed midway: what lies there is unknown, so unindex it."""
+        self._forget_from(slot, start)
+
     # -- bookkeeping -------------------------------------------------------------------------------
     def _own_blocks(self, slot: int, digests: Sequence[bytes]) -> int:
         own = self._digests[slot]
@@ -151,10 +171,10 @@ class PrefixCache:
         del self._digests[slot][keep:]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of `a` and `b`, counted up to `limit`."""
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int, start: int = 0) -> int:
+    """Length of the common prefix of `a` and `b`, counted up to `limit`, given that they agree before `start`."""
     n = min(len(a), len(b), limit)
-    for i in range(n):
+    for i in range(start, n):
         if a[i] != b[i]:
             return i
     return n
