@@ -91,6 +91,11 @@ class Metrics:
             "Prompt tokens whose KV was reused from the prefix cache",
             registry=r,
         )
+        self.prefix_host_bytes = Gauge(
+            "corral_prefix_cache_host_bytes",
+            "Bytes of prompt blocks kept in host memory after their slot was reused (--prefix-cache-ram-mb)",
+            registry=r,
+        )
         self.running = Gauge("corral_running_requests", "Sequences in the running batch", registry=r)
         self.waiting = Gauge("corral_waiting_requests", "Sequences waiting for a batch slot", registry=r)
 

@@ -84,6 +84,8 @@ class Service:
         )
         scheduler = self.engine.scheduler
         self.metrics.bind_gauges(lambda: len(scheduler.running), lambda: len(scheduler.waiting))
+        store = self.engine.runner.prefix.store
+        self.metrics.prefix_host_bytes.set_function(lambda: store.bytes if store is not None else 0)
 
     def start(self) -> None:
         # Tokenizer tables (parent and compile workers) are built once, at start, not on a first request.

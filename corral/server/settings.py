@@ -39,6 +39,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_queue",
         "default_max_tokens",
         "prefix_cache",
+        "prefix_cache_ram_mb",
         "jump_forward",
         "lazy_masks",
         "draft_tokens",
@@ -134,6 +135,10 @@ class Settings(BaseSettings):
         "every row through the fp16 head, for comparisons)"
     )
     prefix_cache: bool = Field(True, description="reuse the KV of prompt prefixes already computed")
+    prefix_cache_ram_mb: int = Field(
+        512, ge=0, description="host memory (MiB) for prompt blocks kept after their slot is reused, found again "
+        "when their prompt returns (as llama-server's --cache-ram); 0: the slots alone"
+    )
     revision_token: str | None = Field(
         None, description="token text of the revision token (default: <|revise|> if present)"
     )

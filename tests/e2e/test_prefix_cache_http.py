@@ -29,7 +29,7 @@ def test_repeated_system_prompt_hits_the_prefix_cache(server: RunningServer, cli
         answers.append(response.choices[0].message.content)
     after = httpx.get(f"{server.base_url}/metrics").text
     documented = Path(REPO / "docs" / "metrics.md").read_text()
-    for name in NAMES:
+    for name in (*NAMES, "corral_prefix_cache_host_bytes"):
         assert f"# HELP {name}" in after and name in documented, name
     queried = _value(after, NAMES[0]) - _value(before, NAMES[0])
     hits = _value(after, NAMES[1]) - _value(before, NAMES[1])

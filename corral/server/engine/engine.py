@@ -54,6 +54,8 @@ class EngineConfig:
     max_revisions: int = 4
     limits: WatchdogLimits = field(default_factory=WatchdogLimits)
     prefix_cache: bool = True  # reuse KV of prompt prefixes already computed (corral/server/engine/prefix_cache.py)
+    # Host memory for prompt blocks kept after their slot is reused (corral/server/engine/host_block_store.py).
+    prefix_cache_ram_mb: int = 512
     # CPU thread counts a forward may run with, chosen per forward by measurement (thread_tuner.py), or the
     # one count every forward runs with; set on the engine thread itself. Empty: leave torch's setting alone.
     thread_choices: tuple[int, ...] = ()
@@ -73,7 +75,8 @@ class Engine:
         self.config = config
         self.max_len = min(config.max_model_len, loaded.context_length)
         self.runner = ModelRunner(
-            loaded, max_batch=config.max_batch, max_len=self.max_len, prefix_cache=config.prefix_cache
+            loaded, max_batch=config.max_batch, max_len=self.max_len, prefix_cache=config.prefix_cache,
+            prefix_cache_ram_bytes=config.prefix_cache_ram_mb << 20,
         )
         # Admission places each prompt in a slot and starts it after its cached prefix.
         self.scheduler = Scheduler(config.max_batch, placer=self.runner.prefix)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from corral.server.engine.host_block_store import HostBlockStore
 from corral.server.engine.kv_cache import SlotKVCache
 from corral.server.engine.prefix_cache import KVCopier, PrefixCache
 from corral.server.engine.slot_attention import InPlaceKVCache
@@ -110,7 +111,11 @@ class _Forward(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, *, max_batch: int, max_len: int, prefix_cache: bool = True) -> None:
+    def __init__(
+        self, loaded: LoadedModel, *, max_batch: int, max_len: int, prefix_cache: bool = True,
+        prefix_cache_ram_bytes: int = 0,
+    ) -> None:
+        """prefix_cache_ram_bytes: host memory for prompt blocks kept after their slot is reused (0: none)."""
         self.loaded = loaded
         self.device = loaded.device
         self.max_len = max_len
@@ -121,7 +126,8 @@ class ModelRunner:
             impl = TransformersForward(loaded, max_batch=max_batch, max_len=max_len)
         self._impl = impl
         self.cache = impl.cache
-        self.prefix = PrefixCache(max_batch, impl.cache, enabled=prefix_cache)
+        store = HostBlockStore(prefix_cache_ram_bytes) if prefix_cache_ram_bytes > 0 else None
+        self.prefix = PrefixCache(max_batch, impl.cache, enabled=prefix_cache, store=store)
         # Rows may feed drafts on corral's decoder (transformers' path pads rows: drafts would cost every row).
         self.drafts = isinstance(impl, PackedForward)
 

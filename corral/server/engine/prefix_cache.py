@@ -27,11 +27,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from corral.server.engine.host_block_store import BlockKV, HostBlockStore
+
 BLOCK_SIZE = 16
 
 
 class KVCopier(Protocol):
     def copy_positions(self, src: int, dst: int, start: int, end: int) -> None: ...
+
+    def read_positions(self, slot: int, start: int, end: int) -> BlockKV: ...
+
+    def write_positions(self, slot: int, start: int, block: BlockKV) -> None: ...
 
 
 def block_digests(tokens: Sequence[int], count: int) -> list[bytes]:
@@ -46,9 +52,13 @@ def block_digests(tokens: Sequence[int], count: int) -> list[bytes]:
 
 
 class PrefixCache:
-    def __init__(self, num_slots: int, kv: KVCopier, *, enabled: bool = True) -> None:
+    def __init__(
+        self, num_slots: int, kv: KVCopier, *, enabled: bool = True, store: HostBlockStore | None = None
+    ) -> None:
+        """store: where blocks a reused slot forgets are kept for prompts that come back (None: nowhere)."""
         self.kv = kv
         self.enabled = enabled
+        self.store = store if enabled else None
         self._tokens: list[list[int]] = [[] for _ in range(num_slots)]  # tokens whose KV the slot holds
         self._digests: list[list[bytes]] = [[] for _ in range(num_slots)]  # its indexed full blocks
         self._holders: dict[bytes, set[int]] = {}  # digest -> slots holding that block (at its position)
@@ -83,14 +93,22 @@ class PrefixCache:
         slot = min(order, key=lambda s: (len(self._tokens[s]) - own_reach[s], -own_reach[s]))
         own = own_reach[slot]
         source = max(reach, key=reach.__getitem__, default=slot)
-        total = max(own, reach.get(source, base))
+        # Past the slots' blocks, whole blocks kept in host memory beat a partial one from a slot.
+        stored = self.store.run_length(digests, matched) if self.store is not None else 0
+        total = (matched + stored) * BLOCK_SIZE if stored else max(own, reach.get(source, base))
         self._released.pop(slot, None)
+        self._store_forgotten(slot, own)
         self._forget_from(slot, own)
         for i in range(own // BLOCK_SIZE, matched):
             holder = next(iter(self._holders[digests[i]]))
             self.kv.copy_positions(holder, slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
             self._index(slot, digests[i])
-        if total > max(own, base):
+        if stored:
+            assert self.store is not None
+            for i, block in enumerate(self.store.take_run(digests[matched : matched + stored]), start=matched):
+                self.kv.write_positions(slot, i * BLOCK_SIZE, block)
+                self._index(slot, digests[i])
+        elif total > max(own, base):
             self.kv.copy_positions(source, slot, max(own, base), total)
         self._tokens[slot] = list(prompt[:total])
         hit = min(total, len(prompt) - 1)
@@ -146,7 +164,17 @@ class PrefixCache:
         """A forward meant to write `slot` from `start` failed midway: what lies there is unknown, so unindex it."""
         self._forget_from(slot, start)
 
-    # -- bookkeeping -------------------------------------------------------------------------------
+    # -- bookkeeping ---------------------------------------------------------------------------------
+    def _store_forgotten(self, slot: int, position: int) -> None:
+        """Keep in the host store the full blocks of `slot` from `position` on that no other slot holds. Last
+        block first: the store evicts the least recently kept, and a chain is of no use without its head."""
+        if self.store is None:
+            return
+        own = self._digests[slot]
+        for i in range(len(own) - 1, position // BLOCK_SIZE - 1, -1):
+            if self._holders.get(own[i]) == {slot} and own[i] not in self.store:
+                self.store.keep(own[i], self.kv.read_positions(slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE))
+
     def _own_blocks(self, slot: int, digests: Sequence[bytes]) -> int:
         own = self._digests[slot]
         count = 0

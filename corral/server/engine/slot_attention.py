@@ -274,3 +274,12 @@ class InPlaceKVCache:
         """Copy the KV of positions [start, end) from slot `src` to slot `dst` (a prefix-cache hit)."""
         for buf in (*self.keys, *self.values):
             buf[dst, start:end] = buf[src, start:end]
+
+    def read_positions(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """A host copy of the KV of positions [start, end) of `slot`: every layer's keys then values, stacked."""
+        return torch.stack([buf[slot, start:end] for buf in (*self.keys, *self.values)]).to("cpu")
+
+    def write_positions(self, slot: int, start: int, block: torch.Tensor) -> None:
+        """Write a `read_positions` copy back, into `slot` from `start`."""
+        for buf, part in zip((*self.keys, *self.values), block, strict=True):
+            buf[slot, start : start + part.shape[0]] = part
