@@ -11,10 +11,13 @@ from corral.benchmarks.timing_report import report_pairs
 def add_prefix_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     with bench_command(
         sub, "prefix", run_prefix,
-        help="time to first token with the prefix cache on and off: a repeated system prompt, n samples",
+        help="time to first token with the prefix cache on and off: a repeated system prompt, n samples, prompts "
+        "that return after more others than there are slots",
         description="Runs the engine itself (no HTTP) with the prefix cache on and off, alternating, on a long "
-        "system prompt: the TTFT of a first request (cold) and of a second one sharing its system prompt, and "
-        "n samples of one prompt submitted together (until the last one's first token, until all end). "
+        "system prompt: the TTFT of a first request (cold) and of a second one sharing its system prompt, "
+        "n samples of one prompt submitted together (until the last one's first token, until all end), and "
+        "4 long prompts on 2 slots sent twice over (the second round's TTFT, with the host block store and "
+        "with the slots alone). "
         "Prints medians over --repeats, writes OUT/results.json and OUT/prefix.png.",
         out="bench-out/prefix", width=130,
     ) as p:

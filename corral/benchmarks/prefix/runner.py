@@ -8,6 +8,10 @@ both see the same load:
   one's TTFT is the cold number (a long prompt's prefill).
 - `n samples`: `n` copies of one long prompt are submitted together (the `n` of one request); timed is the
   time until the last of them has its first token, and until all have finished.
+- `returning prompts`: twice as many distinct long prompts as the engine has slots (documents a RAG client
+  asks about, conversations), sent one at a time, then all again; timed is the median TTFT of the second
+  round. Each slot has been reused by then, so only the host block store (`--prefix-cache-ram-mb`) holds
+  them: its row with the store, and one with the slots alone (`--prefix-cache-ram-mb 0`), both against off.
 
 Times are wall milliseconds from `add_request` to the step that produced the token; on CUDA each step ends
 in a device sync (the sampled tokens are read back), so the times include the GPU work.
@@ -71,9 +75,9 @@ def _run(engine: Engine, seqs: list[Seq]) -> tuple[list[float], float]:
     return [end if f is None else f for f in first], end
 
 
-def _engine(loaded: LoadedModel, prompt_tokens: int, samples: int, cached: bool) -> Engine:
+def _engine(loaded: LoadedModel, prompt_tokens: int, samples: int, cached: bool, ram_mb: int = 512) -> Engine:
     return Engine(loaded, EngineConfig(max_batch=max(samples, 2), max_model_len=prompt_tokens + 256,
-                                       prefix_cache=cached))
+                                       prefix_cache=cached, prefix_cache_ram_mb=ram_mb))
 
 
 def _system_prompt(loaded: LoadedModel, system: list[int], max_tokens: int, cached: bool) -> tuple[float, float, int]:
@@ -94,6 +98,24 @@ def _n_samples(
     engine = _engine(loaded, len(prompt), samples, cached)
     firsts, end = _run(engine, [_seq(f"n{i}", list(prompt), max_tokens) for i in range(samples)])
     return max(firsts), end, engine.runner.prefix.hit_tokens
+
+
+ROTATION_SLOTS = 2
+
+
+def _returning(
+    loaded: LoadedModel, prompt_tokens: int, max_tokens: int, cached: bool, ram_mb: int
+) -> tuple[float, int]:
+    """(median TTFT ms of the second round, tokens the cache served it) for 2 x ROTATION_SLOTS distinct
+    prompts sent one at a time, twice over."""
+    prompts = [[int(t) for t in loaded.tokenizer.encode(f"Document {i}.", add_special_tokens=False)]
+               + long_prompt(loaded, prompt_tokens) for i in range(2 * ROTATION_SLOTS)]
+    engine = _engine(loaded, prompt_tokens + 16, ROTATION_SLOTS, cached, ram_mb)
+    for i, prompt in enumerate(prompts):
+        _run(engine, [_seq(f"first {i}", prompt, max_tokens)])
+    before = engine.runner.prefix.hit_tokens
+    ttfts = [_run(engine, [_seq(f"again {i}", prompt, max_tokens)])[0][0] for i, prompt in enumerate(prompts)]
+    return _median(ttfts), engine.runner.prefix.hit_tokens - before
 
 
 def _median(values: list[float]) -> float:
@@ -126,6 +148,12 @@ def run_prefix_bench(
             last_first, end, hits = _n_samples(loaded, system, samples, max_tokens, cached)
             record(f"n={samples} samples: last sample's first token", cached, last_first, hits)
             record(f"n={samples} samples: all finished ({max_tokens} tokens each)", cached, end, hits)
+            returning = f"returning prompts ({2 * ROTATION_SLOTS} on {ROTATION_SLOTS} slots): second round's TTFT"
+            ms, hits = _returning(loaded, prompt_tokens, max_tokens, cached, 512)
+            record(f"{returning}, host store", cached, ms, hits)
+            if cached:
+                ms, hits = _returning(loaded, prompt_tokens, max_tokens, cached, 0)
+            record(f"{returning}, slots alone", cached, ms, hits)
         on_repeat(repeat)
     return [
         PrefixResult(name, prompt_tokens, _median(times[name, True]), _median(times[name, False]), hits)
