@@ -125,7 +125,8 @@ def _memory_problem(loaded: Any, settings: Settings) -> str | None:
     kv_dtype = getattr(model, "kv_dtype", loaded.dtype)
     per_token = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * kv_dtype.itemsize
     tokens = settings.max_batch * min(settings.max_model_len, loaded.context_length)
-    error, warning = memory_verdict(weights, per_token * tokens, available_bytes())
+    store = settings.prefix_cache_ram_mb << 20 if settings.prefix_cache else 0  # the host block store's most
+    error, warning = memory_verdict(weights, per_token * tokens + store, available_bytes())
     if warning is not None:
         logging.getLogger("corral").warning("%s", warning)
     return error

@@ -67,9 +67,9 @@ def available_bytes() -> int | None:
 
 
 def memory_verdict(weights: int, kv_cache: int, available: int | None) -> tuple[str | None, str | None]:
-    """(an error, a warning) about serving `weights` bytes with a KV cache that can grow to `kv_cache` bytes
-    (it takes memory only as rows fill it) when `available` bytes are: an error when the weights and the
-    runtime alone do not fit, a warning when a full cache would not."""
+    """(an error, a warning) about serving `weights` bytes with a KV cache (and host block store) that can grow
+    to `kv_cache` bytes (it takes memory only as rows fill it) when `available` bytes are: an error when the
+    weights and the runtime alone do not fit, a warning when a full cache would not."""
     if available is None:
         return None, None
     gb = 1 << 30
@@ -78,8 +78,9 @@ def memory_verdict(weights: int, kv_cache: int, available: int | None) -> tuple[
         return (f"the model needs about {base / gb:.1f} GB ({weights / gb:.1f} GB of weights and ~1 GB of runtime) "
                 f"and {available / gb:.1f} GB are available"), None
     if base + kv_cache > available:
-        return None, (f"the KV cache can grow to {kv_cache / gb:.1f} GB as rows fill it, and with the model's "
-                      f"{base / gb:.1f} GB that is more than the {available / gb:.1f} GB available: long contexts on "
-                      "every slot at once would run out of memory (lower --max-batch or --max-model-len)")
+        return None, (f"the KV cache can grow to {kv_cache / gb:.1f} GB as rows fill it (with the prefix cache's "
+                      f"host store), and with the model's {base / gb:.1f} GB that is more than the "
+                      f"{available / gb:.1f} GB available: long contexts on every slot at once would run out of "
+                      "memory (lower --max-batch, --max-model-len or --prefix-cache-ram-mb)")
     return None, None
 

@@ -18,19 +18,32 @@ def _block(value: float, nbytes: int = 64) -> BlockKV:
 
 def test_the_least_recently_used_block_goes_first_and_a_chain_keeps_its_head() -> None:
     store = HostBlockStore(3 * 64)
-    for name in (b"c", b"b", b"a"):  # a chain's blocks are kept last first
-        store.keep(name, _block(1.0))
+    for name, parent, token in ((b"c", b"b", 3), (b"b", b"a", 2), (b"a", b"", 1)):  # a chain, kept last first
+        store.keep(name, parent, [token], _block(1.0))
     assert store.run_length([b"a", b"b", b"c"], 0) == 3
-    store.keep(b"x", _block(2.0))  # full: the least recently kept block, the chain's tail, goes
+    store.keep(b"x", b"", [9], _block(2.0))  # full: the least recently kept block, the chain's tail, goes
     assert store.run_length([b"a", b"b", b"c"], 0) == 2 and b"x" in store and store.bytes == 3 * 64
     store.take_run([b"a", b"b"])  # used again: the head is now the last to go
-    store.keep(b"y", _block(3.0))
-    store.keep(b"z", _block(3.0))
+    store.keep(b"y", b"", [7], _block(3.0))
+    store.keep(b"z", b"", [8], _block(3.0))
     assert b"a" in store and b"b" not in store and b"x" not in store
-    store.keep(b"huge", _block(4.0, nbytes=4 * 64))  # larger than the whole store: not kept, nothing evicted
+    store.keep(b"huge", b"", [6], _block(4.0, nbytes=4 * 64))  # larger than the whole store: not kept
     assert b"huge" not in store and len(store) == 3
     with pytest.raises(ValueError, match="capacity"):
         HostBlockStore(-1)
+
+
+def test_the_entry_that_begins_the_most_of_a_prompts_last_tokens_is_found() -> None:
+    store = HostBlockStore(1 << 20)
+    store.keep(b"one", b"p", [5, 6, 7, 8], _block(1.0))
+    store.keep(b"two", b"p", [5, 6, 9], _block(2.0))
+    store.keep(b"elsewhere", b"q", [5, 6, 7, 8, 9], _block(3.0))
+    count, kv = store.longest_start(b"p", [5, 6, 7, 1])
+    assert count == 3 and kv is not None and kv[0].item() == 1.0
+    assert store.longest_start(b"p", [5, 6, 9, 9])[0] == 3
+    assert store.longest_start(b"p", [4, 6]) == (0, None)  # nothing after `p` starts with 4
+    store.keep(b"x", b"r", [1], _block(0.0, nbytes=(1 << 20) - 128))  # evicts the least recently used: "elsewhere"
+    assert store.longest_start(b"q", [5, 6]) == (0, None) and b"one" in store
 
 
 class _TensorKV:
@@ -46,9 +59,10 @@ class _TensorKV:
     def read_positions(self, slot: int, start: int, end: int) -> BlockKV:
         return self.buf[slot, start:end].clone()
 
-    def write_positions(self, slot: int, start: int, block: BlockKV) -> None:
+    def write_positions(self, slot: int, start: int, block: BlockKV, count: int | None = None) -> None:
         self.writes.append((slot, start))
-        self.buf[slot, start : start + block.shape[0]] = block
+        part = block if count is None else block[:count]
+        self.buf[slot, start : start + part.shape[0]] = part
 
 
 def _run(cache: PrefixCache, kv: _TensorKV, prompt: list[int], free: list[int]) -> tuple[int, int]:
@@ -67,8 +81,9 @@ def test_a_prompt_that_returns_after_its_slot_was_reused_finds_its_blocks() -> N
     other = list(range(500, 500 + 2 * BLOCK_SIZE))
     _run(cache, kv, first, [0])
     assert _run(cache, kv, other, [0]) == (0, 0)  # takes the only slot: `first`'s 3 blocks go to the store
-    assert _run(cache, kv, first, [0])[1] == 3 * BLOCK_SIZE
-    assert kv.writes == [(0, i * BLOCK_SIZE) for i in range(3)]
+    # Its 3 full blocks and its last 4 tokens (kept apart when the slot was taken): only its last token is fed.
+    assert _run(cache, kv, first, [0])[1] == len(first) - 1
+    assert kv.writes == [(0, i * BLOCK_SIZE) for i in range(4)]
     assert kv.buf[0, : len(first)].tolist() == first  # the restored KV is `first`'s own
     # Without a store the slot alone holds the cache: the same sequence recomputes it all.
     plain_kv = _TensorKV(1, 256)
@@ -121,8 +136,8 @@ def test_restored_blocks_decode_exactly_as_without_a_cache(loaded: LoadedModel) 
     hits: list[int] = []
     stored = generate(EngineConfig(max_batch=1, max_model_len=512, prefix_cache_ram_mb=16), hits)
     assert stored == generate(EngineConfig(max_batch=1, max_model_len=512, prefix_cache=False), [])
-    # The third prompt's own blocks after the shared system text came back from the store.
-    assert hits[2] == len(prompts[2]) // BLOCK_SIZE * BLOCK_SIZE > hits[1]
+    # The third prompt's own tokens after the shared system text came back from the store.
+    assert hits[2] == len(prompts[2]) - 1 > hits[1]  # all of it: full blocks and the last few tokens
     slots_only: list[int] = []
     generate(EngineConfig(max_batch=1, max_model_len=512, prefix_cache_ram_mb=0), slots_only)
     assert slots_only[2] == slots_only[1] < hits[2]
@@ -148,3 +163,9 @@ def test_both_kv_caches_read_a_block_out_and_write_it_back(layout: str) -> None:
         written = buf[1].narrow(axis - 1, 0, BLOCK_SIZE)
         assert torch.equal(written, block[i]), i
     assert torch.count_nonzero(block[0]) > 0
+    # The first few positions alone (a prompt's last tokens past its last full block).
+    before = cache.values[2][1].clone()
+    cache.write_positions(1, 2 * BLOCK_SIZE, block, count=5)
+    changed = (cache.values[2][1] != before).any(dim=-1)
+    positions = changed.nonzero()[:, axis - 1].unique().tolist()
+    assert positions == list(range(2 * BLOCK_SIZE, 2 * BLOCK_SIZE + 5))

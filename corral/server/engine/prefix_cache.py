@@ -37,7 +37,7 @@ class KVCopier(Protocol):
 
     def read_positions(self, slot: int, start: int, end: int) -> BlockKV: ...
 
-    def write_positions(self, slot: int, start: int, block: BlockKV) -> None: ...
+    def write_positions(self, slot: int, start: int, block: BlockKV, count: int | None = None) -> None: ...
 
 
 def block_digests(tokens: Sequence[int], count: int) -> list[bytes]:
@@ -93,9 +93,16 @@ class PrefixCache:
         slot = min(order, key=lambda s: (len(self._tokens[s]) - own_reach[s], -own_reach[s]))
         own = own_reach[slot]
         source = max(reach, key=reach.__getitem__, default=slot)
-        # Past the slots' blocks, whole blocks kept in host memory beat a partial one from a slot.
+        # Past the slots' blocks, whole blocks kept in host memory beat a partial one from a slot; past those, the
+        # tokens before the prompt's next block boundary come from whichever holds more of them.
         stored = self.store.run_length(digests, matched) if self.store is not None else 0
-        total = (matched + stored) * BLOCK_SIZE if stored else max(own, reach.get(source, base))
+        blocks_end = (matched + stored) * BLOCK_SIZE
+        from_slots = max(own, reach.get(source, base)) if not stored else blocks_end
+        partial, partial_kv = 0, None
+        if self.store is not None:
+            parent = digests[matched + stored - 1] if matched + stored else b""
+            partial, partial_kv = self.store.longest_start(parent, prompt[blocks_end : blocks_end + BLOCK_SIZE])
+        total = max(from_slots, blocks_end + partial)
         self._released.pop(slot, None)
         self._store_forgotten(slot, own)
         self._forget_from(slot, own)
@@ -108,7 +115,9 @@ class PrefixCache:
             for i, block in enumerate(self.store.take_run(digests[matched : matched + stored]), start=matched):
                 self.kv.write_positions(slot, i * BLOCK_SIZE, block)
                 self._index(slot, digests[i])
-        elif total > max(own, base):
+        if partial_kv is not None and blocks_end + partial > from_slots:
+            self.kv.write_positions(slot, blocks_end, partial_kv, partial)
+        elif not stored and total > max(own, base):
             self.kv.copy_positions(source, slot, max(own, base), total)
         self._tokens[slot] = list(prompt[:total])
         hit = min(total, len(prompt) - 1)
@@ -166,14 +175,22 @@ class PrefixCache:
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _store_forgotten(self, slot: int, position: int) -> None:
-        """Keep in the host store the full blocks of `slot` from `position` on that no other slot holds. Last
-        block first: the store evicts the least recently kept, and a chain is of no use without its head."""
+        """Keep in the host store what `slot` holds from `position` on: its tokens past its last full block,
+        then its full blocks that no other slot holds. Last first: the store evicts the least recently kept,
+        and a chain is of no use without its head."""
         if self.store is None:
             return
-        own = self._digests[slot]
+        own, held = self._digests[slot], self._tokens[slot]
+        full = len(own) * BLOCK_SIZE
+        if len(held) > max(full, position):
+            parent = own[-1] if own else b""
+            tail = held[full:]
+            digest = hashlib.blake2b(parent + array("q", tail).tobytes() + b"/tail", digest_size=16).digest()
+            self.store.keep(digest, parent, tail, self.kv.read_positions(slot, full, len(held)))
         for i in range(len(own) - 1, position // BLOCK_SIZE - 1, -1):
             if self._holders.get(own[i]) == {slot} and own[i] not in self.store:
-                self.store.keep(own[i], self.kv.read_positions(slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE))
+                block = self.kv.read_positions(slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
+                self.store.keep(own[i], own[i - 1] if i else b"", held[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE], block)
 
     def _own_blocks(self, slot: int, digests: Sequence[bytes]) -> int:
         own = self._digests[slot]

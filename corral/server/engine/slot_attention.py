@@ -279,7 +279,8 @@ class InPlaceKVCache:
         """A host copy of the KV of positions [start, end) of `slot`: every layer's keys then values, stacked."""
         return torch.stack([buf[slot, start:end] for buf in (*self.keys, *self.values)]).to("cpu")
 
-    def write_positions(self, slot: int, start: int, block: torch.Tensor) -> None:
-        """Write a `read_positions` copy back, into `slot` from `start`."""
-        for buf, part in zip((*self.keys, *self.values), block, strict=True):
+    def write_positions(self, slot: int, start: int, block: torch.Tensor, count: int | None = None) -> None:
+        """Write a `read_positions` copy back (its first `count` positions, or all), into `slot` from `start`."""
+        for buf, whole in zip((*self.keys, *self.values), block, strict=True):
+            part = whole if count is None else whole[:count]
             buf[slot, start : start + part.shape[0]] = part
