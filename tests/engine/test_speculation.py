@@ -21,6 +21,7 @@ from corral.server.engine.drafting import (
     PROBE_MOST,
     Draft,
     DraftCounts,
+    KindHistory,
     NgramIndex,
     PromptText,
     propose,
@@ -309,3 +310,24 @@ def test_probes_that_keep_nothing_come_ever_more_rarely_and_one_that_keeps_reset
     assert gaps == [16, 32, 64, PROBE_MOST, PROBE_MOST]
     probe_once(9, 9)  # kept
     assert seq.drafting.probe_gap == PROBE_EVERY
+
+
+def test_a_new_row_starts_from_its_kinds_recent_drafts() -> None:
+    fresh = DraftCounts()
+    KindHistory().seed(fresh)  # nothing seen yet: the even prior, the first probe after PROBE_EVERY steps
+    assert fresh.rate == 0.5 and fresh.probe_gap == PROBE_EVERY
+    plain = KindHistory()
+    for _ in range(20):  # free text that copies nothing: every draft and probe misses
+        plain.record(proposed=3, accepted=0)
+        plain.probed(kept=False)
+    row = DraftCounts()
+    plain.seed(row)
+    assert row.rate < 0.25 and PROBE_EVERY < row.probe_gap <= PROBE_MOST
+    copying = KindHistory()
+    for _ in range(20):  # extraction: most guesses kept
+        copying.record(proposed=4, accepted=4)
+        copying.probed(kept=True)
+    row = DraftCounts()
+    copying.seed(row)
+    assert row.rate > 0.8 and row.probe_gap == PROBE_EVERY
+    assert row.kept + row.refused <= 4.0 + 1e-9  # a few drafts' worth: the row's own drafts soon outweigh it

@@ -23,7 +23,7 @@ import torch
 
 from corral.grammar_engines.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
 from corral.grammar_engines.protocol import Matcher, allocate_bitmask
-from corral.server.engine.drafting import Draft, NgramIndex, PromptText, propose
+from corral.server.engine.drafting import Draft, KindHistory, NgramIndex, PromptText, propose
 from corral.server.engine.model_runner import ForwardRow
 from corral.server.engine.sequence import Sequence
 from corral.structured import set_bit
@@ -164,6 +164,8 @@ class Speculation:
         self.max_len = max_len
         self.vocab_size = vocab_size
         self.cost = StepCost()
+        # Recent drafting outcomes per kind (under a grammar or not), where a new row starts.
+        self.history = {True: KindHistory(), False: KindHistory()}
         self._shape: StepShape | None = None  # the running step's, until `stepped`
         self._bitmask = allocate_bitmask(row_max, vocab_size)
 
@@ -180,7 +182,8 @@ class Speculation:
             limit = self._limit(seq)
             if limit <= 0:
                 continue
-            if seq.ngrams is None:
+            if seq.ngrams is None:  # the row's first chance to draft
+                self.history[seq.matcher is not None].seed(seq.drafting)
                 seq.ngrams = NgramIndex()
                 if self.text is not None:
                     seq.ngrams.prompt_text = self.text.decode(seq.prompt_ids)
@@ -301,8 +304,11 @@ class Speculation:
         kept = kept_prefix(seq.output_ids[draft.start :], draft.tokens)
         accepted = draft.forced[:kept].count(False)
         seq.drafting.record(draft.proposed, accepted)
+        history = self.history[seq.matcher is not None]
+        history.record(draft.proposed, accepted)
         if draft.probe:
             seq.drafting.probed(kept=accepted > 0)
+            history.probed(kept=accepted > 0)
 
     def _pick(self, seq: Sequence, draft: Draft, logits: torch.Tensor, row: int) -> int | None:
         """The greedy pick at a draft place, as a step makes it there: under the grammar's mask (a sparse place
