@@ -93,6 +93,19 @@ def test_a_prompt_that_returns_after_its_slot_was_reused_finds_its_blocks() -> N
     assert _run(plain, plain_kv, first, [0]) == (0, 0)
 
 
+def test_a_full_store_evicts_before_it_is_searched() -> None:
+    kv = _TensorKV(1, 256)
+    block_bytes = BLOCK_SIZE * 4  # one float per position
+    cache = PrefixCache(1, kv, store=HostBlockStore(2 * block_bytes))
+    first = list(range(100, 100 + 2 * BLOCK_SIZE))
+    other = list(range(500, 500 + 2 * BLOCK_SIZE + 1))
+    _run(cache, kv, first, [0])
+    _run(cache, kv, other, [0])  # the store now holds `first`'s two blocks: full
+    # Taking the slot back stores `other`'s blocks, which evicts `first`'s: it is computed, not half-restored.
+    assert _run(cache, kv, first, [0]) == (0, 0)
+    assert kv.buf[0, : len(first)].tolist() == first
+
+
 def test_blocks_another_slot_still_holds_are_not_stored_twice() -> None:
     kv = _TensorKV(2, 256)
     store = HostBlockStore(1 << 20)

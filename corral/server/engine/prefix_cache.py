@@ -93,6 +93,11 @@ class PrefixCache:
         slot = min(order, key=lambda s: (len(self._tokens[s]) - own_reach[s], -own_reach[s]))
         own = own_reach[slot]
         source = max(reach, key=reach.__getitem__, default=slot)
+        self._released.pop(slot, None)
+        # What the slot forgets goes to the store first: keeping it may evict older entries, so the store is
+        # searched after.
+        self._store_forgotten(slot, own)
+        self._forget_from(slot, own)
         # Past the slots' blocks, whole blocks kept in host memory beat a partial one from a slot; past those, the
         # tokens before the prompt's next block boundary come from whichever holds more of them.
         stored = self.store.run_length(digests, matched) if self.store is not None else 0
@@ -103,9 +108,6 @@ class PrefixCache:
             parent = digests[matched + stored - 1] if matched + stored else b""
             partial, partial_kv = self.store.longest_start(parent, prompt[blocks_end : blocks_end + BLOCK_SIZE])
         total = max(from_slots, blocks_end + partial)
-        self._released.pop(slot, None)
-        self._store_forgotten(slot, own)
-        self._forget_from(slot, own)
         for i in range(own // BLOCK_SIZE, matched):
             holder = next(iter(self._holders[digests[i]]))
             self.kv.copy_positions(holder, slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
