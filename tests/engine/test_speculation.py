@@ -329,5 +329,8 @@ def test_a_new_row_starts_from_its_kinds_recent_drafts() -> None:
         copying.probed(kept=True)
     row = DraftCounts()
     copying.seed(row)
-    assert row.rate > 0.8 and row.probe_gap == PROBE_EVERY
+    # Good history does not raise a row above the even prior: its steps may be batched, where drafts cost more.
+    assert row.rate == 0.5 and row.probe_gap == PROBE_EVERY
+    row = DraftCounts()
+    plain.seed(row)
     assert row.kept + row.refused <= 4.0 + 1e-9  # a few drafts' worth: the row's own drafts soon outweigh it
