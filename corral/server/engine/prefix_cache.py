@@ -40,13 +40,17 @@ class KVCopier(Protocol):
     def write_positions(self, slot: int, start: int, block: BlockKV, count: int | None = None) -> None: ...
 
 
+def chained_digest(previous: bytes, tokens: Sequence[int], suffix: bytes = b"") -> bytes:
+    """The digest of `tokens` following the block whose digest is `previous` (b"" at the start)."""
+    return hashlib.blake2b(previous + array("q", tokens).tobytes() + suffix, digest_size=16).digest()
+
+
 def block_digests(tokens: Sequence[int], count: int) -> list[bytes]:
     """Chained digests of the first `count` full blocks of `tokens`: digest i covers tokens[: (i+1)*BLOCK]."""
     digests: list[bytes] = []
     previous = b""
     for i in range(count):
-        block = array("q", tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]).tobytes()
-        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+        previous = chained_digest(previous, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
         digests.append(previous)
     return digests
 
@@ -85,7 +89,8 @@ class PrefixCache:
         reach = {s: _common_prefix(prompt, self._tokens[s], base + BLOCK_SIZE, base) for s in holders}
         free = set(free_slots)
         order = [s for s in self._released if s in free] + sorted(free - self._released.keys())
-        own_reach = {s: reach.get(s, self._own_blocks(s, digests[:matched]) * BLOCK_SIZE) for s in order}
+        prefix = digests[:matched]
+        own_reach = {s: reach.get(s, self._own_blocks(s, prefix) * BLOCK_SIZE) for s in order}
         # The free slot that forgets the fewest tokens it holds (an empty one, or one holding only a prefix of
         # this prompt: the previous turn of a conversation); among equals, the one holding the most of the
         # prompt in place, then the least recently used. Whatever another slot holds of the prompt is copied:
@@ -167,8 +172,7 @@ class PrefixCache:
         if complete > indexed:
             previous = self._digests[slot][-1] if indexed else b""
             for i in range(indexed, complete):
-                block = array("q", held[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]).tobytes()
-                previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+                previous = chained_digest(previous, held[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
                 self._index(slot, previous)
 
     def discard(self, slot: int, start: int) -> None:
@@ -187,8 +191,8 @@ class PrefixCache:
         if len(held) > max(full, position):
             parent = own[-1] if own else b""
             tail = held[full:]
-            digest = hashlib.blake2b(parent + array("q", tail).tobytes() + b"/tail", digest_size=16).digest()
-            self.store.keep(digest, parent, tail, self.kv.read_positions(slot, full, len(held)))
+            block = self.kv.read_positions(slot, full, len(held))
+            self.store.keep(chained_digest(parent, tail, b"/tail"), parent, tail, block)
         for i in range(len(own) - 1, position // BLOCK_SIZE - 1, -1):
             if self._holders.get(own[i]) == {slot} and own[i] not in self.store:
                 block = self.kv.read_positions(slot, i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
