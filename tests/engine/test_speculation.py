@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import torch
 from conftest import run_until_done
 
 from corral.grammar_engines.compilation import GrammarCache
@@ -17,9 +16,6 @@ from corral.grammar_engines.registry import BackendSet
 from corral.grammars.spec import GrammarSpec
 from corral.server.engine import Engine, EngineConfig, SamplingParams, Sequence
 from corral.server.engine.drafting import (
-    PROBE_EVERY,
-    PROBE_MOST,
-    Draft,
     DraftCounts,
     KindHistory,
     NgramIndex,
@@ -288,49 +284,68 @@ def test_a_copy_that_starts_inside_a_prompt_token_is_found_by_its_text(
     assert text.guesses(index.prompt_text, tok.encode('{"company": "Xq', add_special_tokens=False), 8) == []
 
 
-def test_probes_that_keep_nothing_come_ever_more_rarely_and_one_that_keeps_resets_the_wait() -> None:
-    """On text that copies nothing a probe every 8 steps cost Qwen2.5 9 % of its speed: each miss doubles the wait
-    (up to PROBE_MOST), a probe that keeps a guess brings it back to PROBE_EVERY."""
+def test_a_row_that_feeds_no_draft_measures_its_rate_from_shadows_at_no_cost() -> None:
+    """Probes fed to measure a row's acceptance cost Qwen2.5's text that copies nothing 5-9 % of its speed. A row
+    that does not draft now keeps the draft it would have fed as a shadow and scores it against its answer: the
+    rate moves, no guess is fed, and once the shadows keep and drafts are cheap the row drafts."""
     spec = Speculation(8, frozenset(), None, 16, 512, 32)
-    seq = Sequence(request_id="probe", prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=64, temperature=0.0),
+    costly = CostParts(10.0, 1000.0, 0.0, 0.0, 0.1)
+    spec.cost.parts = lambda: costly  # type: ignore[method-assign]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 2
+    seq = Sequence(request_id="shadow", prompt_ids=prompt, params=SamplingParams(max_tokens=64, temperature=0.0),
                    sink=lambda out: None)
-    seq.output_ids = [5]
 
-    def probe_once(guess: int, model_pick: int) -> None:
-        """A probe guessing the step's own pick; the step then picks `model_pick` (the main pick a step makes)."""
-        seq.draft = Draft(tokens=[guess], forced=[False], start=len(seq.output_ids), probe=True)
-        seq.output_ids.append(model_pick)
-        spec.verify(seq, torch.zeros(1, 32), lambda s, token: s.output_ids.append(token))
-        seq.draft = None
+    def answer(*made: int) -> None:
+        """The model's tokens appended as a step makes them: the last one pending, the rest in the cache."""
+        seq.output_ids.extend(made)
+        seq.num_cached, seq.pending = len(prompt) + len(seq.output_ids) - 1, seq.output_ids[-1:]
 
-    gaps = []
-    for _ in range(5):
-        probe_once(9, 4)
-        gaps.append(seq.drafting.probe_gap)
-    assert gaps == [16, 32, 64, PROBE_MOST, PROBE_MOST]
-    probe_once(9, 9)  # kept
-    assert seq.drafting.probe_gap == PROBE_EVERY
+    def step(*made: int) -> None:
+        spec.prepare([seq])
+        assert seq.draft is None  # a draft costs 1000 ms a token here: never fed
+        answer(*made)
+
+    answer(1, 2)
+    step(3)
+    assert seq.shadow is not None and seq.shadow.tokens[:3] == [3, 4, 5]
+    step(4)  # the answer follows the shadow: not scored yet
+    assert seq.drafting.shadows == 0
+    step(9)  # ...then leaves it after two kept guesses
+    step(5)
+    assert seq.drafting.shadows == 1 and seq.drafting.proposed == seq.drafting.drafts == 0
+    assert 1.5 < seq.drafting.kept <= 2.0 and seq.drafting.refused > 0  # two kept, one refusal (aged a step)
+    poor = seq.drafting.rate
+    step(6)  # 9 is not in the prompt: no lookup until the answer copies again
+    for _ in range(6):  # text that copies its prompt: each shadow kept whole
+        start = len(seq.output_ids)
+        spec.prepare([seq])
+        assert seq.shadow is not None and seq.shadow.start == start
+        answer(*seq.shadow.tokens)
+    spec.prepare([seq])
+    assert seq.drafting.shadows == 7 and seq.drafting.rate > max(poor, 0.9)
+    cheap = CostParts(100.0, 1.0, 0.0, 0.0, 0.1)
+    spec.cost.parts = lambda: cheap  # type: ignore[method-assign]
+    spec.prepare([seq])
+    assert seq.draft is not None and len(seq.draft) == 8 and seq.shadow is None
 
 
 def test_a_new_row_starts_from_its_kinds_recent_drafts() -> None:
     fresh = DraftCounts()
-    KindHistory().seed(fresh)  # nothing seen yet: the even prior, the first probe after PROBE_EVERY steps
-    assert fresh.rate == 0.5 and fresh.probe_gap == PROBE_EVERY
+    KindHistory().seed(fresh)  # nothing seen yet: the even prior
+    assert fresh.rate == 0.5
     plain = KindHistory()
-    for _ in range(20):  # free text that copies nothing: every draft and probe misses
+    for _ in range(20):  # free text that copies nothing: every draft and shadow misses
         plain.record(proposed=3, accepted=0)
-        plain.probed(kept=False)
     row = DraftCounts()
     plain.seed(row)
-    assert row.rate < 0.25 and PROBE_EVERY < row.probe_gap <= PROBE_MOST
+    assert row.rate < 0.25
     copying = KindHistory()
     for _ in range(20):  # extraction: most guesses kept
         copying.record(proposed=4, accepted=4)
-        copying.probed(kept=True)
     row = DraftCounts()
     copying.seed(row)
     # Good history does not raise a row above the even prior: its steps may be batched, where drafts cost more.
-    assert row.rate == 0.5 and row.probe_gap == PROBE_EVERY
+    assert row.rate == 0.5
     row = DraftCounts()
     plain.seed(row)
     assert row.kept + row.refused <= 4.0 + 1e-9  # a few drafts' worth: the row's own drafts soon outweigh it

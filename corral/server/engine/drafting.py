@@ -21,20 +21,16 @@ NGRAM_MAX = 4  # the longest suffix looked up; longer matches are rarer and bare
 NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the forward...
 # ...but for a grammar's punctuation (`":` then ` "`, `",` then a line break), whose answer repeats its own shape.
 DECAY = 0.8  # weight of a row's earlier drafts in its acceptance estimate: recent answers tell more
-IDLE_DECAY = 0.97  # and per step without a draft: old evidence fades (half-life ~23 steps), a probe's stays a while
-# A row that does not draft still guesses a few tokens every PROBE_EVERY steps where its lookup finds some: without
-# evidence its acceptance stays at the prior, which may never look worth a draft (text that copies well would then
-# never be drafted at all). A probe that keeps nothing doubles the wait before the next, up to PROBE_MOST steps: on
-# text that copies nothing Qwen2.5's probes at every 8 steps cost 0.91x its speed without drafts (a 4-token step
-# costs 1.6 steps of 1).
-PROBE_EVERY = 8
-PROBE_MOST = 64
+IDLE_DECAY = 0.97  # and per step without a draft or a shadow's outcome: old evidence fades (half-life ~23 steps)
+# A row that does not feed a draft still looks one up (a *shadow*) and, once its answer has moved past it, counts
+# the guesses it would have kept: its acceptance is measured at no cost, so a row whose text starts to copy drafts
+# as soon as its shadows keep. Probes fed to measure it cost Qwen2.5's text that copies nothing 0.91-0.95x its
+# speed without drafts at concurrency 1 (a 4-token step costs 1.6-2.6 steps of 1), and ran only at concurrency 1.
 # A new row of a kind whose recent drafts across requests (free text, or under a grammar) kept little starts from
-# that history, weighed as SEED_DRAFTS drafts' worth of evidence: no drafts at first, and a longer wait for its
-# first probe (at most SEED_GAP_MOST steps). Each row starting at the even prior instead cost
-# Qwen2.5's free text 0.96x llama-server's TPOT at c1 against 1.01x with drafts off (`corral bench paired`).
+# that history, weighed as SEED_DRAFTS drafts' worth of evidence: no drafts at first. Each row starting at the
+# even prior instead cost Qwen2.5's free text 0.96x llama-server's TPOT at c1 against 1.01x with drafts off
+# (`corral bench paired`).
 SEED_DRAFTS = 4.0
-SEED_GAP_MOST = 32
 HISTORY_DECAY = 0.95  # per draft of the kind: the last few dozen drafts make the history
 # A text lookup (PromptText) matches the answer's last characters since its last quote, at least TEXT_KEY_MIN of
 # them (fewer match anywhere) and at most TEXT_KEY_MAX, and tokenizes TEXT_AHEAD characters of the prompt after
@@ -143,7 +139,6 @@ class Draft:
     # (their logits are computed for those ids alone, as a sparse row's are).
     masks: torch.Tensor | None = None
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)
-    probe: bool = False  # fed to measure the row's acceptance, not because it was expected to pay
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -245,7 +240,8 @@ def forced_run(matcher: Matcher, stop_ids: frozenset[int], room: int) -> list[in
 
 @dataclass
 class DraftCounts:
-    """A sequence's drafting: guesses fed and accepted, drafts fed, and its decayed acceptance tallies."""
+    """A sequence's drafting: guesses fed and accepted, drafts fed, and its decayed acceptance tallies (from its
+    fed drafts and its shadows alike)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -253,8 +249,7 @@ class DraftCounts:
     kept: float = 0.0
     refused: float = 0.0
     dense_share: float = 1.0  # of its draft places, the share whose logits need the whole vocabulary (decayed)
-    idle_steps: int = 0  # steps since its last draft
-    probe_gap: int = PROBE_EVERY  # steps without a draft before it probes
+    shadows: int = 0  # shadow drafts whose outcome was counted (tests, profiling)
 
     @property
     def rate(self) -> float:
@@ -262,10 +257,18 @@ class DraftCounts:
         return (self.kept + 1.0) / (self.kept + self.refused + 2.0)
 
     def record(self, proposed: int, accepted: int) -> None:
+        """A fed draft's outcome."""
         self.proposed += proposed
         self.accepted += accepted
         self.drafts += 1
-        self.idle_steps = 0
+        self.tally(proposed, accepted)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A shadow's outcome: evidence of the rate, no guess fed."""
+        self.shadows += 1
+        self.tally(proposed, accepted)
+
+    def tally(self, proposed: int, accepted: int) -> None:
         self.kept = self.kept * DECAY + accepted
         self.refused = self.refused * DECAY + (1.0 if accepted < proposed else 0.0)
 
@@ -274,33 +277,24 @@ class DraftCounts:
         if places:
             self.dense_share = self.dense_share * DECAY + (1 - DECAY) * (places - sparse) / places
 
-    def probed(self, kept: bool) -> None:
-        """A probe's outcome: one that kept a guess brings the wait back to PROBE_EVERY, a miss doubles it."""
-        self.probe_gap = PROBE_EVERY if kept else min(2 * self.probe_gap, PROBE_MOST)
-
-    def idle(self) -> int:
-        """A step it could have drafted in but did not (too unlikely to pay): the evidence ages, so a row that
-        drafted badly once tries again later (its answer may have reached text it copies). Returns the steps
-        since its last draft."""
+    def idle(self) -> None:
+        """A step it could have drafted in but did not (too unlikely to pay): the evidence ages, so a row whose
+        lookups find nothing for a while goes back towards the prior."""
         self.kept *= IDLE_DECAY
         self.refused *= IDLE_DECAY
-        self.idle_steps += 1
-        return self.idle_steps
+
+
 class KindHistory:
-    """Drafting outcomes of recent rows of one kind (free text, or under a grammar) across requests, where a new
-    row of that kind starts: its acceptance tallies, and the wait before a probe."""
+    """Drafting outcomes (fed drafts and shadows) of recent rows of one kind (free text, or under a grammar)
+    across requests, where a new row of that kind starts."""
 
     def __init__(self) -> None:
         self.kept = 0.0
         self.refused = 0.0
-        self.probe_gap = PROBE_EVERY
 
     def record(self, proposed: int, accepted: int) -> None:
         self.kept = self.kept * HISTORY_DECAY + accepted
         self.refused = self.refused * HISTORY_DECAY + (1.0 if accepted < proposed else 0.0)
-
-    def probed(self, kept: bool) -> None:
-        self.probe_gap = PROBE_EVERY if kept else min(2 * self.probe_gap, SEED_GAP_MOST)
 
     def seed(self, counts: DraftCounts) -> None:
         """Start a new row's counts from this history, weighed as SEED_DRAFTS drafts at most. History only makes a
@@ -311,6 +305,3 @@ class KindHistory:
         if drafts > 0 and self.kept < self.refused:
             scale = min(1.0, SEED_DRAFTS / drafts)
             counts.kept, counts.refused = self.kept * scale, self.refused * scale
-        counts.probe_gap = self.probe_gap
-
-

@@ -91,9 +91,11 @@ class Sequence:
     required_keys: frozenset[str] = frozenset()  # property names its schema requires (closing writes those)
     pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
     closer: AnswerCloser | None = None  # set at admission for a closable sequence
-    # Speculative decoding (corral/server/engine/speculation.py): this step's draft, the n-grams it is looked up in,
-    # and how its drafts fared.
+    # Speculative decoding (corral/server/engine/speculation.py): this step's draft, the draft it looked up but did
+    # not feed (its shadow, scored against the answer once the answer has moved past it), the n-grams it is looked
+    # up in, and how its drafts fared.
     draft: Draft | None = None
+    shadow: Draft | None = None
     ngrams: NgramIndex | None = None
     drafting: DraftCounts = field(default_factory=DraftCounts)
     # The final output went to the sink (set under Engine's answer lock: the engine thread and the hung-step

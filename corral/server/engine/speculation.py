@@ -42,8 +42,6 @@ COST_WINDOW = 256  # decode steps the step-cost fit reads
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
 SHAPE_SHRINK = 2.0
-# A row that does not draft still probes (DraftCounts.probe_gap): PROBE_LENGTH guesses now and then.
-PROBE_LENGTH = 3
 
 
 @dataclass(frozen=True)
@@ -189,30 +187,32 @@ class Speculation:
                     seq.ngrams.prompt_text = self.text.decode(seq.prompt_ids)
             context = [*seq.prompt_ids, *seq.output_ids]
             seq.ngrams.sync(context)
+            self._score_shadow(seq)
             rate, share = seq.drafting.rate, seq.drafting.dense_share
             length = best_length(rate, limit, functools.partial(_draft_ms, cost, step, share), made)
-            # Probes only in a step of one row: in a batch each probe's places cost every row a share of the step
-            # (Gemma 3's extraction at concurrency 8 ran 0.88x with them).
-            probe = length == 0
-            if probe and (seq.drafting.idle() < seq.drafting.probe_gap or len(batch) > 1):
-                continue
-            # A probe: a few guesses now and then, so a row's acceptance is measured at all, and the step cost seen
-            # at more than one draft size (one size alone cannot tell a draft's first place from the next ones).
-            length = max(length, min(PROBE_LENGTH, limit))
             # The room jump-forward has after each guess (none where it is off: the draft forces nothing either).
             forced_room = seq.params.max_tokens - len(seq.output_ids) if self.jump_forward else 0
+            if length == 0:  # not worth a draft now: a shadow of the longest one, so the rate is still measured
+                seq.drafting.idle()
+                if seq.shadow is None:
+                    self._shade(seq, propose(seq.ngrams, context, limit, seq.matcher, self.stop_ids, forced_room,
+                                             self.text, len(seq.output_ids)))
+                continue
             draft = propose(seq.ngrams, context, length, seq.matcher, self.stop_ids, forced_room, self.text,
                             len(seq.output_ids))
             if draft.proposed == 0:
                 continue
-            # The lookup may find fewer tokens than were worth feeding: a draft that does not pay as it is, is not fed.
+            # The lookup may find fewer tokens than were worth feeding: a draft that does not pay as it is, is not fed
+            # (it is the row's shadow instead).
             gain = expected_kept(draft, rate)
             places = len(draft.outputs())
             drafted_ms = cost.step_ms(step.grown(len(draft), places * share))
-            if not probe and (made + gain) / max(drafted_ms, 1e-9) <= made / max(cost.step_ms(step), 1e-9):
+            if (made + gain) / max(drafted_ms, 1e-9) <= made / max(cost.step_ms(step), 1e-9):
+                if seq.shadow is None:
+                    self._shade(seq, draft)
                 continue
+            self._score_shadow(seq, final=True)  # the fed draft covers the places the shadow guessed
             draft.start, draft.cached = len(seq.output_ids), seq.num_cached + len(seq.pending)
-            draft.probe = probe
             if seq.matcher is not None:
                 self._mask(seq, seq.matcher, draft)
                 seq.drafting.saw_places(len(draft.outputs()), len(draft.sparse))
@@ -220,6 +220,33 @@ class Speculation:
             step = StepShape(step.tokens + len(draft), step.dense_rows + places - len(draft.sparse),
                              step.draft_places + places, step.rows)  # the draft as fed: its places, its sparse ones
             made += gain
+
+    @staticmethod
+    def _shade(seq: Sequence, draft: Draft) -> None:
+        """Keep a looked-up draft that is not fed as the row's shadow (its first guess is for the next token)."""
+        if draft.proposed:
+            draft.start = len(seq.output_ids)
+            seq.shadow = draft
+
+    def _score_shadow(self, seq: Sequence, *, final: bool = False) -> None:
+        """Count the row's shadow's guesses the answer kept, once the answer has left it or passed its end (with
+        `final`, what is known now: a kept run so far counts as kept, no refusal). The answer is the one the row's
+        verification would have made: only greedy rows draft, and every place is picked under its mask."""
+        shadow = seq.shadow
+        if shadow is None:
+            return
+        produced = seq.output_ids[shadow.start :]
+        if len(seq.output_ids) < shadow.start:  # revised back past it
+            seq.shadow = None
+            return
+        kept = kept_prefix(produced, shadow.tokens)
+        if kept == len(produced) < len(shadow.tokens) and not final:
+            return  # the answer still follows it
+        accepted = shadow.forced[:kept].count(False)
+        proposed = shadow.proposed if kept < len(produced) or kept == len(shadow.tokens) else accepted
+        seq.drafting.observe(proposed, accepted)
+        self.history[seq.matcher is not None].record(proposed, accepted)
+        seq.shadow = None
 
     def _limit(self, seq: Sequence) -> int:
         """Draft tokens this row may feed: none while it prefills or where its pick is not the best logit."""
@@ -304,11 +331,7 @@ class Speculation:
         kept = kept_prefix(seq.output_ids[draft.start :], draft.tokens)
         accepted = draft.forced[:kept].count(False)
         seq.drafting.record(draft.proposed, accepted)
-        history = self.history[seq.matcher is not None]
-        history.record(draft.proposed, accepted)
-        if draft.probe:
-            seq.drafting.probed(kept=accepted > 0)
-            history.probed(kept=accepted > 0)
+        self.history[seq.matcher is not None].record(draft.proposed, accepted)
 
     def _pick(self, seq: Sequence, draft: Draft, logits: torch.Tensor, row: int) -> int | None:
         """The greedy pick at a draft place, as a step makes it there: under the grammar's mask (a sparse place
