@@ -308,12 +308,16 @@ def test_a_row_that_feeds_no_draft_measures_its_rate_from_shadows_at_no_cost() -
     answer(1, 2)
     step(3)
     assert seq.shadow is not None and seq.shadow.tokens[:3] == [3, 4, 5]
-    step(4)  # the answer follows the shadow: not scored yet
-    assert seq.drafting.shadows == 0
-    step(9)  # ...then leaves it after two kept guesses
+    step(4)
+    # The answer follows the shadow: its kept guesses count as they come, the shadow goes on.
+    assert seq.shadow is not None and seq.drafting.shadows == 0 and seq.drafting.kept > 0.9
+    followed = seq.drafting.rate
+    assert followed > 0.5
+    step(9)  # ...then leaves it after two kept guesses: a refusal, and the shadow ends
     step(5)
     assert seq.drafting.shadows == 1 and seq.drafting.proposed == seq.drafting.drafts == 0
-    assert 1.5 < seq.drafting.kept <= 2.0 and seq.drafting.refused > 0  # two kept, one refusal (aged a step)
+    assert 1.5 < seq.drafting.kept <= 2.0 and seq.drafting.refused > 0.9  # two kept, one refusal (aged a step)
+    assert seq.drafting.rate < followed
     poor = seq.drafting.rate
     step(6)  # 9 is not in the prompt: no lookup until the answer copies again
     for _ in range(6):  # text that copies its prompt: each shadow kept whole

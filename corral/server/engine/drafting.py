@@ -139,6 +139,7 @@ class Draft:
     # (their logits are computed for those ids alone, as a sparse row's are).
     masks: torch.Tensor | None = None
     sparse: dict[int, torch.Tensor] = field(default_factory=dict)
+    observed: int = 0  # as a shadow (not fed): its guesses the answer kept that were counted already
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -261,16 +262,19 @@ class DraftCounts:
         self.proposed += proposed
         self.accepted += accepted
         self.drafts += 1
-        self.tally(proposed, accepted)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        """A shadow's outcome: evidence of the rate, no guess fed."""
-        self.shadows += 1
-        self.tally(proposed, accepted)
-
-    def tally(self, proposed: int, accepted: int) -> None:
         self.kept = self.kept * DECAY + accepted
         self.refused = self.refused * DECAY + (1.0 if accepted < proposed else 0.0)
+
+    def observe(self, kept: int, *, refused: bool, first: bool) -> None:
+        """A shadow's guesses the answer kept since its last observation, and whether the answer has now left
+        it: evidence of the rate, no guess fed. A shadow is observed as the answer follows it, not only once it
+        ends, so a row whose answer starts to copy drafts a step later, not after the copy. Its first
+        observation ages the earlier evidence once, as a fed draft's outcome does."""
+        if first:
+            self.kept *= DECAY
+            self.refused *= DECAY
+        self.kept += kept
+        self.refused += 1.0 if refused else 0.0
 
     def saw_places(self, places: int, sparse: int) -> None:
         """A draft's logit places under the grammar, `sparse` of them allowing few tokens."""

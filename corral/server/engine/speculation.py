@@ -229,24 +229,28 @@ class Speculation:
             seq.shadow = draft
 
     def _score_shadow(self, seq: Sequence, *, final: bool = False) -> None:
-        """Count the row's shadow's guesses the answer kept, once the answer has left it or passed its end (with
-        `final`, what is known now: a kept run so far counts as kept, no refusal). The answer is the one the row's
-        verification would have made: only greedy rows draft, and every place is picked under its mask."""
+        """Count the row's shadow's guesses the answer has kept since the last count, and a refusal once the
+        answer has left it; the shadow ends there, past its end, or with `final` (a fed draft covers its places
+        now). The answer is the one the row's verification would have made: only greedy rows draft, and every
+        place is picked under its mask."""
         shadow = seq.shadow
         if shadow is None:
             return
-        produced = seq.output_ids[shadow.start :]
         if len(seq.output_ids) < shadow.start:  # revised back past it
             seq.shadow = None
             return
+        produced = seq.output_ids[shadow.start :]
         kept = kept_prefix(produced, shadow.tokens)
-        if kept == len(produced) < len(shadow.tokens) and not final:
-            return  # the answer still follows it
         accepted = shadow.forced[:kept].count(False)
-        proposed = shadow.proposed if kept < len(produced) or kept == len(shadow.tokens) else accepted
-        seq.drafting.observe(proposed, accepted)
-        self.history[seq.matcher is not None].record(proposed, accepted)
-        seq.shadow = None
+        left = kept < len(produced)
+        done = left or kept == len(shadow.tokens) or final
+        if accepted > shadow.observed or done:
+            seq.drafting.observe(accepted - shadow.observed, refused=left, first=shadow.observed == 0)
+            shadow.observed = accepted
+        if done:
+            seq.drafting.shadows += 1
+            self.history[seq.matcher is not None].record(shadow.proposed if left else accepted, accepted)
+            seq.shadow = None
 
     def _limit(self, seq: Sequence) -> int:
         """Draft tokens this row may feed: none while it prefills or where its pick is not the best logit."""
