@@ -1,6 +1,6 @@
 """`corral bench ...`: the benchmark subcommands (jsonschemabench, serve, peer-model, tools, sampler, projection,
-prefix, engine, mediation, startup, fuzz, soak, quality, kinds, paired, drafts, gpu), each from its package's cli.py on
-corral.benchmarks.harness.
+prefix, engine, mediation, startup, fuzz, soak, quality, kinds, paired, agree, drafts, gpu), each from its package's
+cli.py on corral.benchmarks.harness.
 
 corral/server/cli.py imports this module only for `corral bench`; building these parsers loads no benchmark package
 (rich, matplotlib, httpx, torch): each command imports what it needs when it runs."""
@@ -21,6 +21,7 @@ from corral.benchmarks.projection.cli import add_projection_parser
 from corral.benchmarks.quality.cli import add_quality_parser
 from corral.benchmarks.sampler.cli import add_sampler_parser
 from corral.benchmarks.serve.cli import add_peer_model_parser, add_serve_parser
+from corral.benchmarks.serve.greedy_agreement import add_agree_parser
 from corral.benchmarks.serve.paired import add_paired_parser
 from corral.benchmarks.soak.cli import add_soak_parser
 from corral.benchmarks.startup.cli import add_startup_parser
@@ -35,5 +36,5 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     for add in (add_jsonschemabench_parser, add_serve_parser, add_peer_model_parser, add_tools_parser,
                 add_sampler_parser, add_projection_parser, add_prefix_parser, add_engine_parser,
                 add_mediation_parser, add_startup_parser, add_fuzz_parser, add_soak_parser, add_quality_parser,
-                add_kinds_parser, add_paired_parser, add_drafts_parser, add_gpu_parser):
+                add_kinds_parser, add_paired_parser, add_agree_parser, add_drafts_parser, add_gpu_parser):
         add(bench_sub)

@@ -26,7 +26,7 @@ from corral.benchmarks.harness import (
 REPO = Path(__file__).resolve().parents[2]
 BENCH_EXTRA = ("rich", "matplotlib", "httpx")
 COMMANDS = ("jsonschemabench", "serve", "peer-model", "tools", "sampler", "projection", "prefix", "engine",
-            "mediation", "startup", "fuzz", "soak", "quality", "kinds")
+            "mediation", "startup", "fuzz", "soak", "quality", "kinds", "paired", "agree", "drafts")
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -228,6 +228,21 @@ def test_step_cost_keeps_what_each_count_of_fed_tokens_costs_off_the_line() -> N
     assert parts.step_ms(StepShape(4, 1, 3, 1)) < parts.step_ms(StepShape(3, 1, 2, 1))
 
 
+def test_step_cost_remembers_what_drafts_cost_after_many_steps_without_one() -> None:
+    """Where a fed token costs a whole step (Qwen2.5 on 2 AMD EPYC cores), a few drafted steps teach the fit so; a
+    few requests without drafts (hundreds of plain steps) must not make it forget and draft at a loss again."""
+    cost = StepCost()
+    for _ in range(6):
+        cost.record(StepShape(2, 2, 1, 1), 200.0)
+        cost.record(StepShape(3, 3, 2, 1), 300.0)
+    for _ in range(1000):
+        cost.record(StepShape(1, 1, 0, 1), 100.0)
+    parts = cost.parts()
+    assert parts.step_ms(StepShape(1, 1, 0, 1)) == pytest.approx(100.0, rel=0.05)
+    assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(200.0, rel=0.1)
+    assert best_length(0.8, 8, lambda n: parts.step_ms(StepShape(1 + n, 1 + n, n, 1)), 1.0) == 0
+
+
 def _json_matcher(loaded: LoadedModel, cache: GrammarCache, properties: list[str]) -> tuple[Matcher, GrammarSpec]:
     spec = GrammarSpec.json_schema({"type": "object", "required": properties, "additionalProperties": False,
                                     "properties": {p: {"type": "string"} for p in properties}})

@@ -1,0 +1,90 @@
+"""`corral bench agree` against a live corral (corral-tiny) and a stand-in for llama-server that answers in
+llama-server's logprobs shape: the stand-in relays each request to the same corral, so every answer agrees,
+except the first prompt's, whose fourth token it changes; the bench must find exactly that."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import RunningServer, run_bench
+
+from corral.benchmarks.serve.greedy_agreement import PROMPTS, Position, compare, positions
+
+PARTED_AT = 3
+
+
+def _llama_shape(answer: dict[str, Any], change: int | None) -> dict[str, Any]:
+    """corral's legacy completions logprobs as llama-server writes them (`content`), token `change` replaced by
+    a token neither side's top two holds, with a wide margin."""
+    logprobs = answer["choices"][0]["logprobs"]
+    content = []
+    for i, (token, top) in enumerate(zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True)):
+        tops = [{"token": t, "logprob": v} for t, v in top.items()]
+        if i == change:
+            token, tops = "<other>", [{"token": "<other>", "logprob": -0.01}, {"token": token, "logprob": -5.0}]
+        content.append({"token": token, "logprob": tops[0]["logprob"], "top_logprobs": tops})
+    return {"choices": [{"text": answer["choices"][0]["text"], "logprobs": {"content": content}}],
+            "usage": answer["usage"]}
+
+
+@pytest.fixture()
+def llama_like(server: RunningServer) -> Iterator[str]:
+    class Relay(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            answer = httpx.post(f"{server.base_url}/v1/completions", json={**body, "model": "corral-tiny"},
+                                timeout=120).json()
+            data = json.dumps(_llama_shape(answer, PARTED_AT if body["prompt"] == PROMPTS[0] else None)).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    relay = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{relay.server_address[1]}"
+    finally:
+        relay.shutdown()
+
+
+def test_agree_finds_where_greedy_answers_part(server: RunningServer, llama_like: str, tmp_path: Path) -> None:
+    done = run_bench("agree", "--server", server.base_url, "--peer-url", llama_like, "--prompts", "3",
+                     "--tokens", "8", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    first, *rest = results["results"]
+    assert not first["same"] and first["first_difference"] == PARTED_AT and first["peer_token"] == "<other>"
+    assert first["peer_margin"] == pytest.approx(4.99) and not first["near_tie"]
+    assert all(r["same"] and r["tokens"] == 8 for r in rest)
+    # corral's answer as served (drafts, screens) is its answer with logprobs; both sides saw the same prompt.
+    assert all(r["served_is_logprobs_answer"] and r["prompt_tokens_match"] for r in results["results"])
+    assert results["summary"] == {"prompts": 3, "same": 2, "parted_at_near_ties": 0, "parted_at_wide_margins": 1,
+                                  "matched_tokens_median": 8, "prompt_tokens_differ": 0,
+                                  "served_differs_from_logprobs_answer": 0}
+    assert "2 of 3 the same" in done.stdout
+    assert (tmp_path / "agree.png").stat().st_size > 0
+
+
+def test_a_parting_between_two_near_equal_tokens_is_a_near_tie() -> None:
+    ours = positions({"logprobs": {"tokens": ["a", "b"], "top_logprobs": [{"a": -0.1, "z": -3.0},
+                                                                          {"b": -0.70, "c": -0.72}]}})
+    theirs = positions({"logprobs": {"content": [
+        {"token": "a", "top_logprobs": [{"token": "z", "logprob": -3.0}, {"token": "a", "logprob": -0.1}]},
+        {"token": "c", "top_logprobs": [{"token": "c", "logprob": -0.69}, {"token": "b", "logprob": -0.71}]}]}})
+    assert theirs[0] == Position("a", (("a", -0.1), ("z", -3.0)))  # tops ordered best first, whatever the wire's
+    parted = compare("p", ours, theirs)
+    assert parted.first_difference == 1 and (parted.corral_token, parted.peer_token) == ("b", "c")
+    assert parted.near_tie and parted.corral_margin == pytest.approx(0.02)
+    assert compare("p", ours, ours).same and compare("p", ours, ours[:1]).tokens == 1
