@@ -15,23 +15,24 @@ import httpx
 import pytest
 from conftest import RunningServer, run_bench
 
-from corral.benchmarks.serve.greedy_agreement import PROMPTS, Position, compare, positions
+from corral.benchmarks.serve.greedy_agreement import PROMPTS, Position, answer_of, compare
 
 PARTED_AT = 3
 
 
 def _llama_shape(answer: dict[str, Any], change: int | None) -> dict[str, Any]:
-    """corral's legacy completions logprobs as llama-server writes them (`content`), token `change` replaced by
-    a token neither side's top two holds, with a wide margin."""
+    """corral's legacy completions logprobs as llama-server writes them (`content`, with each token's bytes), token
+    `change` replaced in the text too by one neither side's top two holds, with a wide margin."""
     logprobs = answer["choices"][0]["logprobs"]
-    content = []
+    content, text = [], ""
     for i, (token, top) in enumerate(zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True)):
         tops = [{"token": t, "logprob": v} for t, v in top.items()]
         if i == change:
             token, tops = "<other>", [{"token": "<other>", "logprob": -0.01}, {"token": token, "logprob": -5.0}]
-        content.append({"token": token, "logprob": tops[0]["logprob"], "top_logprobs": tops})
-    return {"choices": [{"text": answer["choices"][0]["text"], "logprobs": {"content": content}}],
-            "usage": answer["usage"]}
+        content.append({"token": token, "bytes": list(token.encode()), "logprob": tops[0]["logprob"],
+                        "top_logprobs": tops})
+        text += token
+    return {"choices": [{"text": text, "logprobs": {"content": content}}], "usage": answer["usage"]}
 
 
 @pytest.fixture()
@@ -68,23 +69,40 @@ def test_agree_finds_where_greedy_answers_part(server: RunningServer, llama_like
     assert not first["same"] and first["first_difference"] == PARTED_AT and first["peer_token"] == "<other>"
     assert first["peer_margin"] == pytest.approx(4.99) and not first["near_tie"]
     assert all(r["same"] and r["tokens"] == 8 for r in rest)
-    # corral's answer as served (drafts, screens) is its answer with logprobs; both sides saw the same prompt.
-    assert all(r["served_is_logprobs_answer"] and r["prompt_tokens_match"] for r in results["results"])
+    # corral asked again (prefix cache, drafts) wrote the same (no near-ties on this model); both saw one prompt.
+    assert all(r["repeat_is_same"] and r["prompt_tokens_match"] for r in results["results"])
     assert results["summary"] == {"prompts": 3, "same": 2, "parted_at_near_ties": 0, "parted_at_wide_margins": 1,
                                   "matched_tokens_median": 8, "prompt_tokens_differ": 0,
-                                  "served_differs_from_logprobs_answer": 0}
+                                  "repeat_differs": 0}
     assert "2 of 3 the same" in done.stdout
     assert (tmp_path / "agree.png").stat().st_size > 0
 
 
 def test_a_parting_between_two_near_equal_tokens_is_a_near_tie() -> None:
-    ours = positions({"logprobs": {"tokens": ["a", "b"], "top_logprobs": [{"a": -0.1, "z": -3.0},
-                                                                          {"b": -0.70, "c": -0.72}]}})
-    theirs = positions({"logprobs": {"content": [
-        {"token": "a", "top_logprobs": [{"token": "z", "logprob": -3.0}, {"token": "a", "logprob": -0.1}]},
-        {"token": "c", "top_logprobs": [{"token": "c", "logprob": -0.69}, {"token": "b", "logprob": -0.71}]}]}})
-    assert theirs[0] == Position("a", (("a", -0.1), ("z", -3.0)))  # tops ordered best first, whatever the wire's
+    ours = answer_of({"text": "ab", "logprobs": {"tokens": ["a", "b"], "text_offset": [0, 1],
+                                                 "top_logprobs": [{"a": -0.1, "z": -3.0}, {"b": -0.70, "c": -0.72}]}})
+    theirs = answer_of({"text": "ac", "logprobs": {"content": [
+        {"token": "a", "bytes": [97],
+         "top_logprobs": [{"token": "z", "logprob": -3.0}, {"token": "a", "logprob": -0.1}]},
+        {"token": "c", "bytes": [99],
+         "top_logprobs": [{"token": "c", "logprob": -0.69}, {"token": "b", "logprob": -0.71}]}]}})
+    assert theirs.positions[0] == Position("a", 0, (("a", -0.1), ("z", -3.0)))  # best first, whatever the wire's order
     parted = compare("p", ours, theirs)
     assert parted.first_difference == 1 and (parted.corral_token, parted.peer_token) == ("b", "c")
     assert parted.near_tie and parted.corral_margin == pytest.approx(0.02)
-    assert compare("p", ours, ours).same and compare("p", ours, ours[:1]).tokens == 1
+    assert compare("p", ours, ours).same
+
+
+def test_a_character_split_across_tokens_is_compared_as_text() -> None:
+    """llama-server joins the tokens of a character split across tokens ('①' is 3 bytes in 2 of Qwen2.5's tokens)
+    into one entry; corral reports each token. The same text is the same answer."""
+    circled = "\u2460"
+    ours = answer_of({"text": f"x{circled}y", "logprobs": {"tokens": ["x", "\ufffd", "\ufffd", "y"],
+                                                          "text_offset": [0, 1, 1, 2], "top_logprobs": [{}] * 4}})
+    theirs = answer_of({"text": f"x{circled}z", "logprobs": {"content": [
+        {"token": "x", "bytes": [120]}, {"token": circled, "bytes": list(circled.encode())},
+        {"token": "z", "bytes": [122]}]}})
+    assert [p.start for p in theirs.positions] == [0, 1, 2]
+    assert compare("p", ours, ours).same
+    parted = compare("p", ours, theirs)
+    assert parted.first_difference == 3 and (parted.corral_token, parted.peer_token) == ("y", "z")

@@ -5,8 +5,10 @@ two tokens within a few hundredths of a nat of each other are a near-tie, which 
 rounding (corral computes the best logits of a step exactly in float32, llama-server reads them from its 8-bit
 rounded product) may order either way; a wide margin on either side would be a real difference.
 
-corral is also asked each prompt without logprobs: that is the answer a client gets (drafts on, the head's
-screens), and it must be the same as the one with logprobs."""
+Each prompt goes to each server fresh (nothing of it cached), corral with logprobs. corral is then asked it again
+without logprobs (drafts on, as a client asks): its prompt now comes from the prefix cache, so its last token is
+computed as a decode row, not inside the prompt's chunk. The two kernels sum in different orders, and at a near-tie
+the repeat may part from the first answer; llama-server's prompt and decode kernels differ the same way."""
 
 from __future__ import annotations
 
@@ -42,9 +44,9 @@ def add_agree_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="corral's greedy tokens against llama-server's on the same model: where they part and why",
         description="Sends --prompts raw prompts (built in: prose, code, arithmetic, JSON, ...) to a running corral "
         "(--server) and a running llama-server (--peer-url) on the same GGUF, greedy, --tokens tokens each (EOS "
-        "ignored), with the top two logprobs at each position; and to corral once more without logprobs (the answer "
-        "a client gets). Reports per prompt whether the answers are the same token for token, where they first "
-        "part, each side's pick and its margin over its second choice there (a near-tie when under "
+        "ignored), with the top two logprobs at each position; then to corral again without logprobs (its prompt "
+        "from the prefix cache, drafts on). Reports per prompt whether the answers are the same text, where they "
+        "first part, each side's pick and its margin over its second choice there (a near-tie when under "
         f"{NEAR_TIE_NATS} nats). Prints a table, writes OUT/results.json and OUT/agree.png.",
         server="a running corral, e.g. http://127.0.0.1:8000", out="bench-out/agree",
     ) as p:
@@ -56,9 +58,11 @@ def add_agree_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 @dataclass(frozen=True)
 class Position:
-    """One generated token and the top two (token, logprob) a side reported there."""
+    """One generated token, where it starts in the answer's text (characters), and the top two (token, logprob)
+    a side reported there."""
 
     token: str
+    start: int
     top: tuple[tuple[str, float], ...]
 
     @property
@@ -68,48 +72,75 @@ class Position:
 
 
 @dataclass(frozen=True)
+class Answer:
+    text: str
+    positions: list[Position]
+
+    def token_at(self, char: int) -> int:
+        """The index of the token whose text holds character `char` (the last one that starts at or before it)."""
+        return max((i for i, p in enumerate(self.positions) if p.start <= char), default=0)
+
+
+@dataclass(frozen=True)
 class Comparison:
     prompt: str
-    tokens: int  # the shorter answer's length, in tokens
-    same: bool  # token for token, to the shorter answer's end
-    first_difference: int | None
+    tokens: int  # corral's answer, in tokens
+    same: bool  # the same text
+    first_difference: int | None  # corral's token where the texts part
     corral_token: str | None = None
     peer_token: str | None = None
     corral_margin: float | None = None
     peer_margin: float | None = None
     near_tie: bool = False
     prompt_tokens_match: bool = True
-    served_is_logprobs_answer: bool = True  # corral without logprobs answered as with them
+    repeat_is_same: bool = True  # corral asked again (prompt from its prefix cache, no logprobs) wrote the same
+    corral_text: str = ""
+    peer_text: str = ""
 
 
-def positions(choice: dict[str, Any]) -> list[Position]:
-    """The tokens of an answer with their top logprobs, from OpenAI's legacy completions shape (`tokens`,
-    `top_logprobs` as dicts: corral) or the chat shape (`content`, each with `top_logprobs`: llama-server)."""
-    logprobs = choice.get("logprobs") or {}
+def _ranked(pairs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(pairs, key=lambda pair: -pair[1]))
+
+
+def answer_of(choice: dict[str, Any]) -> Answer:
+    """An answer's text and tokens with their top logprobs, from OpenAI's legacy completions shape (`tokens`,
+    `text_offset`, `top_logprobs` as dicts: corral) or the chat shape (`content`, each with its `bytes` and
+    `top_logprobs`: llama-server, which joins the tokens of a character split across tokens into one entry)."""
+    text, logprobs = str(choice.get("text", "")), choice.get("logprobs") or {}
     if "content" in logprobs:
-        return [Position(str(item["token"]), tuple(sorted(((str(t["token"]), float(t["logprob"]))
-                                                            for t in item.get("top_logprobs", [])),
-                                                           key=lambda pair: -pair[1])))
-                for item in logprobs["content"]]
-    tops = logprobs.get("top_logprobs") or [{} for _ in logprobs.get("tokens", [])]
-    return [Position(str(token), tuple(sorted(((str(t), float(v)) for t, v in top.items()), key=lambda p: -p[1])))
-            for token, top in zip(logprobs.get("tokens", []), tops, strict=True)]
+        positions, consumed, raw = [], 0, text.encode()
+        for item in logprobs["content"]:
+            start = len(raw[:consumed].decode("utf-8", errors="ignore"))
+            ranked = _ranked([(str(t["token"]), float(t["logprob"])) for t in item.get("top_logprobs", [])])
+            positions.append(Position(str(item["token"]), start, ranked))
+            consumed += len(item.get("bytes") or str(item["token"]).encode())
+        return Answer(text, positions)
+    tokens = logprobs.get("tokens", [])
+    tops = logprobs.get("top_logprobs") or [{} for _ in tokens]
+    offsets = logprobs.get("text_offset") or [0] * len(tokens)
+    return Answer(text, [Position(str(token), int(offset), _ranked([(str(t), float(v)) for t, v in top.items()]))
+                         for token, offset, top in zip(tokens, offsets, tops, strict=True)])
 
 
-def compare(prompt: str, ours: list[Position], theirs: list[Position], *, prompt_tokens_match: bool = True,
-            served_is_logprobs_answer: bool = True) -> Comparison:
-    """Where two greedy answers first part (to the shorter one's end), and both sides' margins there."""
-    length = min(len(ours), len(theirs))
-    at = next((i for i in range(length) if ours[i].token != theirs[i].token), None)
-    mine = theirs_margin = None
-    if at is not None:
-        mine, theirs_margin = ours[at].margin, theirs[at].margin
+def compare(prompt: str, ours: Answer, theirs: Answer, *, prompt_tokens_match: bool = True,
+            repeat_is_same: bool = True) -> Comparison:
+    """Where two greedy answers' texts first part, the token each side wrote there and its margin."""
+    same = ours.text == theirs.text
+    mine = peer = None
+    at: int | None = None
+    if not same and ours.positions and theirs.positions:
+        char = next((i for i, (a, b) in enumerate(zip(ours.text, theirs.text, strict=False)) if a != b),
+                    min(len(ours.text), len(theirs.text)))
+        at = ours.token_at(char)
+        mine, peer = ours.positions[at], theirs.positions[theirs.token_at(char)]
+    margins = (mine.margin if mine else None, peer.margin if peer else None)
     return Comparison(
-        prompt=prompt, tokens=length, same=at is None, first_difference=at,
-        corral_token=None if at is None else ours[at].token, peer_token=None if at is None else theirs[at].token,
-        corral_margin=mine, peer_margin=theirs_margin,
-        near_tie=any(m is not None and m < NEAR_TIE_NATS for m in (mine, theirs_margin)),
-        prompt_tokens_match=prompt_tokens_match, served_is_logprobs_answer=served_is_logprobs_answer,
+        prompt=prompt, tokens=len(ours.positions), same=same, first_difference=at,
+        corral_token=mine.token if mine else None, peer_token=peer.token if peer else None,
+        corral_margin=margins[0], peer_margin=margins[1],
+        near_tie=any(m is not None and m < NEAR_TIE_NATS for m in margins),
+        prompt_tokens_match=prompt_tokens_match, repeat_is_same=repeat_is_same, corral_text=ours.text,
+        peer_text=theirs.text,
     )
 
 
@@ -135,23 +166,23 @@ def run_agree(args: argparse.Namespace, bench: Bench) -> int:
         for prompt in PROMPTS[: args.prompts]:
             # EOS ignored (both servers then never pick it): every answer is --tokens long on both sides.
             body = {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True}
-            served = _complete(client, args.server, {**body, "model": model})
             ours = _complete(client, args.server, {**body, "model": model, "logprobs": 2})
             theirs = _complete(client, args.peer_url, {**body, "logprobs": 2})
+            again = _complete(client, args.server, {**body, "model": model})
             same_prompt = ours["usage"]["prompt_tokens"] == theirs.get("usage", {}).get("prompt_tokens")
-            result = compare(prompt, positions(ours["choices"][0]), positions(theirs["choices"][0]),
+            result = compare(prompt, answer_of(ours["choices"][0]), answer_of(theirs["choices"][0]),
                              prompt_tokens_match=same_prompt,
-                             served_is_logprobs_answer=served["choices"][0]["text"] == ours["choices"][0]["text"])
+                             repeat_is_same=again["choices"][0]["text"] == ours["choices"][0]["text"])
             results.append(result)
             progress.advance("same" if result.same else f"part at {result.first_difference}")
     same = sum(r.same for r in results)
     ties = sum(r.near_tie for r in results)
-    matched = [r.first_difference if r.first_difference is not None else r.tokens for r in results]
+    matched = [r.tokens if r.first_difference is None else r.first_difference for r in results]
     summary = {"prompts": len(results), "same": same, "parted_at_near_ties": ties,
                "parted_at_wide_margins": len(results) - same - ties,
                "matched_tokens_median": statistics.median(matched),
                "prompt_tokens_differ": sum(not r.prompt_tokens_match for r in results),
-               "served_differs_from_logprobs_answer": sum(not r.served_is_logprobs_answer for r in results)}
+               "repeat_differs": sum(not r.repeat_is_same for r in results)}
 
     def margin(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"

@@ -25,9 +25,11 @@ GENERIC_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
 )
 
-# Conventional end-of-turn markers: chat models often declare only the end-of-document token as eos, and
-# would otherwise run past the end of their turn.
-_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
+# Conventional end-of-turn and end-of-document markers: chat models often declare only one of them as eos, and
+# would otherwise run past the end of their turn or document. Qwen2.5's GGUF declares only <|im_end|>: a raw
+# completion that reached <|endoftext|> went on writing a new document (`corral bench agree` found it; transformers'
+# generation config and llama.cpp's end-of-generation set both stop there).
+_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
 class ModelLoadError(Exception):
