@@ -10,12 +10,12 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -54,6 +54,34 @@ def run_until_done(engine: Engine, seqs: Sequence[Seq], max_steps: int = 500) ->
             return
         engine.step()
     raise AssertionError("sequences did not finish")
+
+
+@contextmanager
+def stub_peer(answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Iterator[str]:
+    """A local HTTP server standing in for a peer: every POST's JSON body answered with `answer(body)` as JSON.
+    Yields its base URL."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
+            data = json.dumps(answer(body)).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    peer = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=peer.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{peer.server_address[1]}"
+    finally:
+        peer.shutdown()
 
 
 def run_bench(command: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -5,15 +5,13 @@ except the first prompt's, whose fourth token it changes; the bench must find ex
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import RunningServer, run_bench
+from conftest import RunningServer, run_bench, stub_peer
 
 from corral.benchmarks.serve.greedy_agreement import PROMPTS, Position, answer_of, compare
 
@@ -37,27 +35,13 @@ def _llama_shape(answer: dict[str, Any], change: int | None) -> dict[str, Any]:
 
 @pytest.fixture()
 def llama_like(server: RunningServer) -> Iterator[str]:
-    class Relay(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            answer = httpx.post(f"{server.base_url}/v1/completions", json={**body, "model": "corral-tiny"},
-                                timeout=120).json()
-            data = json.dumps(_llama_shape(answer, PARTED_AT if body["prompt"] == PROMPTS[0] else None)).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def relay(body: dict[str, Any]) -> dict[str, Any]:
+        answer = httpx.post(f"{server.base_url}/v1/completions", json={**body, "model": "corral-tiny"},
+                            timeout=120).json()
+        return _llama_shape(answer, PARTED_AT if body["prompt"] == PROMPTS[0] else None)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    relay = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
-    threading.Thread(target=relay.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{relay.server_address[1]}"
-    finally:
-        relay.shutdown()
+    with stub_peer(relay) as url:
+        yield url
 
 
 def test_agree_finds_where_greedy_answers_part(server: RunningServer, llama_like: str, tmp_path: Path) -> None:

@@ -4,40 +4,24 @@ llama-server's `timings` fields: the table, the medians and the ratios it writes
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import RunningServer, run_bench
+from conftest import RunningServer, run_bench, stub_peer
 
 
-class _LlamaLike(BaseHTTPRequestHandler):
-    """Answers every chat request as llama-server does, with a fixed TPOT of 50 ms and prefill of 100 tok/s."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        body = json.dumps({"choices": [{"message": {"content": "x"}}],
-                           "timings": {"predicted_per_token_ms": 50.0, "prompt_per_second": 100.0}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _llama_like_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """Every chat request answered as llama-server does, with a fixed TPOT of 50 ms and prefill of 100 tok/s."""
+    return {"choices": [{"message": {"content": "x"}}],
+            "timings": {"predicted_per_token_ms": 50.0, "prompt_per_second": 100.0}}
 
 
 @pytest.fixture()
 def llama_like() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _LlamaLike)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with stub_peer(_llama_like_answer) as url:
+        yield url
 
 
 def test_paired_rounds_compare_both_sides_timings(server: RunningServer, llama_like: str, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ NGRAM_MIN = 2  # one token alone matches too often to be worth a position in the
 # ...but for a grammar's punctuation (`":` then ` "`, `",` then a line break), whose answer repeats its own shape.
 DECAY = 0.8  # weight of a row's earlier drafts in its acceptance estimate: recent answers tell more
 IDLE_DECAY = 0.97  # and per step without a draft or a shadow's outcome: old evidence fades (half-life ~23 steps)
-# A row that does not feed a draft still looks one up (a *shadow*) and, once its answer has moved past it, counts
+# A row that does not feed a draft still looks one up (a *shadow*) and, as its answer follows or leaves it, counts
 # the guesses it would have kept: its acceptance is measured at no cost, so a row whose text starts to copy drafts
 # as soon as its shadows keep. Probes fed to measure it cost Qwen2.5's text that copies nothing 0.91-0.95x its
 # speed without drafts at concurrency 1 (a 4-token step costs 1.6-2.6 steps of 1), and ran only at concurrency 1.

@@ -92,7 +92,7 @@ class Sequence:
     pattern_examples: tuple[str, ...] = ()  # texts its schema's patterns match (closing writes those in strings)
     closer: AnswerCloser | None = None  # set at admission for a closable sequence
     # Speculative decoding (corral/server/engine/speculation.py): this step's draft, the draft it looked up but did
-    # not feed (its shadow, scored against the answer once the answer has moved past it), the n-grams it is looked
+    # not feed (its shadow, scored against the answer as the answer follows or leaves it), the n-grams it is looked
     # up in, and how its drafts fared.
     draft: Draft | None = None
     shadow: Draft | None = None
