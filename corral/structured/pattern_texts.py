@@ -10,13 +10,16 @@ a class) from Python's own regex parser, and keeps it only if `re.search` agrees
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import re
-from re import _parser as sre  # CPython's own regex parser: the dialect the final check uses
 from typing import Any
 
 from corral.grammars.json_walk import objects_in
 from corral.grammars.spec import GrammarSpec
+
+# CPython's own regex parser: the dialect the final check uses (imported by name: typeshed no longer lists it).
+sre: Any = importlib.import_module("re._parser")
 
 MAX_EXAMPLE = 48  # characters: a longer example would not close an answer cheaply anyway
 MAX_PATTERNS = 32  # per spec: the search tries each one where a string will not end
