@@ -23,6 +23,7 @@ from corral.server.engine.drafting import (
     propose,
 )
 from corral.server.engine.speculation import (
+    COST_MAX_AGE,
     CostParts,
     Speculation,
     StepCost,
@@ -241,6 +242,26 @@ def test_step_cost_remembers_what_drafts_cost_after_many_steps_without_one() -> 
     assert parts.step_ms(StepShape(1, 1, 0, 1)) == pytest.approx(100.0, rel=0.05)
     assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(200.0, rel=0.1)
     assert best_length(0.8, 8, lambda n: parts.step_ms(StepShape(1 + n, 1 + n, n, 1)), 1.0) == 0
+
+
+def test_step_cost_forgets_drafted_steps_too_old_to_tell() -> None:
+    """A drafted step is measured only when a row drafts: a few slow ones (a busy machine, a cold start) must not
+    keep every row from drafting for as long as the server runs. Past COST_MAX_AGE steps they are forgotten, the
+    fit reads its prior, and a row whose guesses keep drafts again (and so measures drafted steps anew)."""
+    cost = StepCost()
+    for _ in range(8):
+        cost.record(StepShape(4, 4, 3, 1), 1500.0)  # cold: 15 times a plain step
+    for _ in range(200):
+        cost.record(StepShape(1, 1, 0, 1), 100.0)
+
+    def length() -> int:
+        parts = cost.parts()
+        return best_length(0.9, 3, lambda n: parts.step_ms(StepShape(1 + n, 1 + n, n, 1)), 1.0)
+
+    assert length() == 0
+    for _ in range(COST_MAX_AGE):
+        cost.record(StepShape(1, 1, 0, 1), 100.0)
+    assert length() > 0
 
 
 def _json_matcher(loaded: LoadedModel, cache: GrammarCache, properties: list[str]) -> tuple[Matcher, GrammarSpec]:

@@ -29,6 +29,11 @@ from corral.server.engine.sequence import Sequence
 from corral.structured import set_bit
 
 COST_WINDOW = 256  # decode steps the step-cost fit reads
+# ...of those recorded in the last COST_MAX_AGE steps: a drafted step is measured only when a row drafts, so
+# without an age limit a few slow ones (a busy machine, a first request's cold caches) would keep every row from
+# drafting for as long as the server runs. Forgotten, the fit falls back to its prior and a few drafted steps
+# measure again (where drafts do not pay: a few steps at a loss in every COST_MAX_AGE).
+COST_MAX_AGE = 4096
 # A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
 # (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
 # the engine thread), each row (its mask, sampling and bookkeeping) and a step whose head product has more than
@@ -83,20 +88,24 @@ class CostParts:
 
 class StepCost:
     """Decode steps' wall times (drafting, forward, verification) fitted by least squares over recent steps: the
-    last COST_WINDOW steps that fed a draft and the last COST_WINDOW that did not, so that what drafts cost is
-    remembered once drafts stop. With one window, a few requests without drafts pushed every drafted step out,
-    the fit fell back to its prior (a draft token at half a step), and rows drafted at a loss again: Qwen2.5's
-    extraction on the AMD EPYC, where a fed token costs a whole step, ran 0.87x its speed without drafts."""
+    last COST_WINDOW steps that fed a draft and the last COST_WINDOW that did not (each within COST_MAX_AGE steps),
+    so that what drafts cost is remembered once drafts stop. With one window, a few requests without drafts pushed
+    every drafted step out, the fit fell back to its prior (a draft token at half a step), and rows drafted at a
+    loss again: Qwen2.5's extraction on the AMD EPYC, where a fed token costs a whole step, ran 0.87x its speed
+    without drafts."""
 
     def __init__(self) -> None:
-        self._plain: deque[tuple[StepShape, float]] = deque(maxlen=COST_WINDOW)
-        self._drafted: deque[tuple[StepShape, float]] = deque(maxlen=COST_WINDOW)
+        self._plain: deque[tuple[StepShape, float, int]] = deque(maxlen=COST_WINDOW)
+        self._drafted: deque[tuple[StepShape, float, int]] = deque(maxlen=COST_WINDOW)
+        self._steps = 0  # steps recorded so far: each sample's age is read from it
 
     def record(self, shape: StepShape, ms: float) -> None:
-        (self._drafted if shape.draft_places else self._plain).append((shape, ms))
+        self._steps += 1
+        (self._drafted if shape.draft_places else self._plain).append((shape, ms, self._steps))
 
     def parts(self) -> CostParts:
-        steps = [*self._plain, *self._drafted]
+        oldest = self._steps - COST_MAX_AGE
+        steps = [(shape, ms) for shape, ms, at in [*self._plain, *self._drafted] if at > oldest]
         if not steps:
             return CostParts(*COST_PRIOR)
         features = np.array([s.features() for s, _ in steps])
