@@ -24,6 +24,7 @@ from corral.server.engine.drafting import (
 )
 from corral.server.engine.speculation import (
     COST_MAX_AGE,
+    REFIT_EVERY,
     CostParts,
     Speculation,
     StepCost,
@@ -262,6 +263,24 @@ def test_step_cost_forgets_drafted_steps_too_old_to_tell() -> None:
     for _ in range(COST_MAX_AGE):
         cost.record(StepShape(1, 1, 0, 1), 100.0)
     assert length() > 0
+
+
+def test_step_cost_refits_every_few_steps_and_at_the_first_drafted_one() -> None:
+    """The fit costs milliseconds of Python: it is made again every REFIT_EVERY steps, not every step, except
+    that the first drafted step is read at once (until then the fit guesses drafts' cost from its prior)."""
+    cost = StepCost()
+    for _ in range(50):
+        cost.record(StepShape(1, 1, 0, 1), 100.0)
+    plain = cost.parts()
+    for _ in range(REFIT_EVERY - 1):
+        cost.record(StepShape(1, 1, 0, 1), 200.0)
+    assert cost.parts() is plain
+    cost.record(StepShape(1, 1, 0, 1), 200.0)
+    refitted = cost.parts()
+    assert refitted.step_ms(StepShape(1, 1, 0, 1)) > plain.step_ms(StepShape(1, 1, 0, 1)) + 20
+    guessed = refitted.step_ms(StepShape(4, 4, 3, 1))
+    cost.record(StepShape(4, 4, 3, 1), 5000.0)
+    assert cost.parts().step_ms(StepShape(4, 4, 3, 1)) > guessed + 100
 
 
 def _json_matcher(loaded: LoadedModel, cache: GrammarCache, properties: list[str]) -> tuple[Matcher, GrammarSpec]:

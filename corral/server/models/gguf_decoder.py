@@ -28,6 +28,7 @@ from corral.kernels.ggml_step_graph import Embedding, StepGraphs
 from corral.kernels.half_sums import attention_sums_in_half
 from corral.kernels.logit_refinement import refine_near_top
 from corral.kernels.row_kernel import LLAMA_CPP_GGML, RowKernel, ggml_version
+from corral.server.models.decoded_rows import DecodedRows
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
 from corral.server.models.repack_check import repacked_agree
@@ -54,10 +55,10 @@ class GgufHead:
     rounds_outputs = True
 
     def __init__(self, file: GgufFile, weight: MappedWeight) -> None:
-        self._file, self._name = file, weight.name
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.nbytes = weight.nbytes
         self._kernel = RowKernel(weight, max_rows=HEAD_MAX_ROWS)
+        self._rows = DecodedRows(lambda ids: file.dequantized_rows(weight.name, ids), self.in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x.float())
@@ -65,7 +66,7 @@ class GgufHead:
     def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Logits of (row, column) pairs, each a float32 dot product with the column's decoded weight row."""
         unique, inverse = torch.unique(columns, return_inverse=True)
-        decoded = torch.from_numpy(self._file.dequantized_rows(self._name, unique.numpy()))
+        decoded = torch.from_numpy(self._rows(unique.numpy()))
         return (decoded.index_select(0, inverse) * x.index_select(0, rows).float()).sum(-1)
 
 
