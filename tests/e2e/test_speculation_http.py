@@ -12,7 +12,7 @@ import pytest
 from conftest import RunningServer, serving
 from test_bad_input import expect_400
 
-from corral.server.engine.speculation import CostParts
+from corral.server.engine.step_cost import CostParts
 
 MODEL = "corral-tiny"
 # Repeating text: lookups find continuations (the tiny model's greedy answers loop as well).

@@ -73,3 +73,18 @@ def test_a_row_reporting_top_logprobs_refines_down_to_its_last_alternative() -> 
     logits = torch.tensor([[9.0, 7.0, 5.0, 5.0 * (1 - REFINE_RELATIVE_MARGIN / 2), 1.0]])
     assert near_top(logits, [0])[1].tolist() == [0]
     assert sorted(near_top(logits, [0], [3])[1].tolist()) == [0, 1, 2, 3]  # the 3rd best's rival too
+
+
+def test_refinement_names_where_each_row_s_best_lies_except_a_crowded_row() -> None:
+    """A greedy pick over the columns it returns is the whole row's argmax (the engine picks over them instead of
+    the vocabulary); a flat row, refined only in part, is not named."""
+    head = _tied_head()
+    hidden = torch.ones(1, 32)
+    logits = head(hidden)
+    among = refine_near_top(head, logits, hidden, [0])
+    assert list(among) == [0] and among[0].tolist() == [0, 1]
+    assert int(among[0][logits[0, among[0]].argmax()]) == int(logits[0].argmax()) == 1
+    wide = QuantizedProjection(torch.full((2 * REFINE_MAX_PER_ROW, 32), 0.3), None, "int8")  # every output ties
+    flat = wide(hidden)
+    assert refine_near_top(wide, flat, hidden, [0]) == {}
+    assert refine_near_top(QuantizedProjection(torch.full((4, 32), 0.3), None, "w8a8"), flat, hidden, [0]) == {}

@@ -22,15 +22,8 @@ from corral.server.engine.drafting import (
     PromptText,
     propose,
 )
-from corral.server.engine.speculation import (
-    COST_MAX_AGE,
-    REFIT_EVERY,
-    CostParts,
-    Speculation,
-    StepCost,
-    StepShape,
-    best_length,
-)
+from corral.server.engine.speculation import Speculation, best_length
+from corral.server.engine.step_cost import COST_MAX_AGE, REFIT_EVERY, CostParts, StepCost, StepShape
 from corral.server.models import LoadedModel, load_model
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from corral.grammar_engines.protocol import TokenizerSpec
+from corral.kernels.logit_refinement import BestAmong
 from corral.server.engine.drafting import PromptText
 from corral.server.engine.endings import Endings
 from corral.server.engine.inbox import Inbox
@@ -138,8 +139,8 @@ class Engine:
         self.speculation.prepare(batch)
         masks = self.structured.start(batch)
         logits, settled = self._forward(batch, masks)
-        live = self._judge(batch, logits, settled)
-        self._sample(batch, live, logits, settled)
+        live, best_among = self._judge(batch, logits, settled)
+        self._sample(batch, live, logits, settled, best_among)
         self.speculation.stepped((time.perf_counter() - t0) * 1000)  # what drafts cost is the whole step's time
 
     def _schedule(self) -> list[Sequence]:
@@ -172,8 +173,9 @@ class Engine:
             seq.stats.forward_ms.append(forward_ms)
         return logits, settled
 
-    def _judge(self, batch: list[Sequence], step: StepLogits, settled: SettledMasks) -> list[int]:
-        """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample."""
+    def _judge(self, batch: list[Sequence], step: StepLogits, settled: SettledMasks) -> tuple[list[int], BestAmong]:
+        """End or back off the rows the masks ruled out; mask the rest. Returns the rows to sample, and where each
+        refined row's best logit lies (its exact candidates)."""
         for row, message in settled.failed.items():
             grammar_failed(batch[row], message)
             self._finish(batch[row], "error")
@@ -185,8 +187,8 @@ class Engine:
             self._revise(batch[row], Trip.DEAD_END)
         # Restricted rows' logits are exact; the others' best few (and alternatives they report) are made so now.
         rounded = [row for row in live if row not in settled.restricted]
-        step.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
-        return live
+        best_among = step.refine(logits, rounded, [1 + batch[row].params.top_logprobs for row in rounded])
+        return live, best_among
 
     def _judge_row(self, seq: Sequence, *, overran: bool) -> None:
         """A row whose fills overran their budget too often ends; one whose grammar allows nothing backs off."""
@@ -194,7 +196,9 @@ class Engine:
             return self._trip(seq, Trip.MASK_TIMEOUT, "mask fills overran their budget too often")
         self._revise(seq, Trip.DEAD_END)
 
-    def _sample(self, batch: list[Sequence], live: list[int], step: StepLogits, settled: SettledMasks) -> None:
+    def _sample(
+        self, batch: list[Sequence], live: list[int], step: StepLogits, settled: SettledMasks, best_among: BestAmong
+    ) -> None:
         logits, drafts = step.rows, self.speculation.rows_of(batch, step.drafts)
         rows = [batch[i] for i in live]
         histories = [(s.prompt_ids, s.output_ids) for s in rows]  # penalties read them
@@ -202,6 +206,9 @@ class Engine:
         picked = logits if len(live) == len(batch) else logits[live]
         # Rows whose head computed only their allowed ids: a greedy pick needs to look at those only.
         known = {i: settled.restricted[row] for i, row in enumerate(live) if row in settled.restricted}
+        # And full rows whose best is among their refined candidates, where nothing is added to the logits after
+        # (penalties, biases): a pick over those few, not over the whole vocabulary.
+        known |= {i: best_among[row] for i, row in enumerate(live) if row in best_among and rows[i].params.best_only}
         sampled = sample_rows(picked, [s.params for s in rows], [s.generator for s in rows], histories, known)
         for i, (seq, token, logprob) in enumerate(zip(rows, sampled.tokens, sampled.logprobs, strict=True)):
             if live[i] in self.structured.unmasked:  # picked without its mask: the grammar checks the pick now

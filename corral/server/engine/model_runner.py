@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from corral.kernels.logit_refinement import BestAmong
 from corral.server.engine.host_block_store import HostBlockStore
 from corral.server.engine.kv_cache import SlotKVCache
 from corral.server.engine.prefix_cache import KVCopier, PrefixCache
@@ -48,7 +49,7 @@ class _Decoder(Protocol):
 
     def refine(
         self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int], screened: Any = None
-    ) -> None: ...
+    ) -> BestAmong: ...
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ class Refiner:
     hidden: torch.Tensor
     screened: Any = None
 
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
-        self.model.refine(logits, self.hidden, rows, depths, self.screened)
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> BestAmong:
+        return self.model.refine(logits, self.hidden, rows, depths, self.screened)
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,11 @@ class StepLogits:
     dense_rows: int = 0  # logit rows the head computed over the whole vocabulary (the step's costly part)
     refiner: Refiner | None = None  # None: the logits are exact already (transformers' heads)
 
-    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> None:
+    def refine(self, logits: torch.Tensor, rows: list[int], depths: list[int]) -> BestAmong:
         """After masking `logits` (these `rows`, or the engine's view of them): recompute exactly, in place, the
         given rows' logits near their best (down to the depths[i]-th) where the head rounds them
-        (corral/kernels/logit_refinement.py)."""
-        if self.refiner is not None:
-            self.refiner.refine(logits, rows, depths)
+        (corral/kernels/logit_refinement.py). Returns the rows whose best lies among the columns given."""
+        return self.refiner.refine(logits, rows, depths) if self.refiner is not None else {}
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,9 @@ measured step cost make worth it (`best_length`).
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from corral.grammar_engines.bitmask import allowed_counts, allowed_ids, apply_bitmask, sparse_limit
@@ -26,114 +23,8 @@ from corral.grammar_engines.protocol import Matcher, allocate_bitmask
 from corral.server.engine.drafting import Draft, KindHistory, NgramIndex, PromptText, propose
 from corral.server.engine.model_runner import ForwardRow
 from corral.server.engine.sequence import Sequence
+from corral.server.engine.step_cost import CostParts, StepCost, StepShape
 from corral.structured import set_bit
-
-COST_WINDOW = 256  # decode steps the step-cost fit reads
-# ...of those recorded in the last COST_MAX_AGE steps: a drafted step is measured only when a row drafts, so
-# without an age limit a few slow ones (a busy machine, a first request's cold caches) would keep every row from
-# drafting for as long as the server runs. Forgotten, the fit falls back to its prior and a few drafted steps
-# measure again (where drafts do not pay: a few steps at a loss in every COST_MAX_AGE).
-COST_MAX_AGE = 4096
-# Steps between refits of the step-cost fit: a fit over both windows (up to 512 steps) took ~1.5 ms of Python on
-# the engine thread, every step (6 % of Gemma 3 270M's 25 ms step on 2 AMD EPYC cores); the fit moves little
-# in a few steps, except when the first drafted step is measured, which refits at once.
-REFIT_EVERY = 16
-# A step's wall time is fitted as a sum of parts: fixed, each fed token, each logit row over the whole vocabulary
-# (a dense row; a sparse row's allowed ids cost little), each draft place (its mask fill and its verification on
-# the engine thread), each row (its mask, sampling and bookkeeping) and a step whose head product has more than
-# one row (ggml's product of one row is its own fast kernel: the first extra row costs what the next six do;
-# measured: docs/measured-choices.md#speculation-step-cost). COST_PRIOR: the parts relative to the mean
-# step until the steps vary enough to read them; PRIOR_WEIGHT: how many steps' worth of evidence the prior counts
-# as (ridge regression towards it). On top of that line, each count of fed tokens keeps its own measured
-# difference from it (shrunk towards none by SHAPE_SHRINK steps' worth): a kernel's cost is a staircase, not a
-# line (on the Xeon, ggml's quantized products take 4 rows at a time: Qwen2.5 1.5B's step of 2 tokens cost 146 ms,
-# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost).
-COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
-PRIOR_WEIGHT = 1.0
-SHAPE_SHRINK = 2.0
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What a decode step computed: the regressors of its time."""
-
-    tokens: int
-    dense_rows: float  # a planned draft's share of dense places may be fractional
-    draft_places: int
-    rows: int
-
-    def grown(self, tokens: int, dense_rows: float) -> StepShape:
-        """This step with a draft of `tokens` more (each a draft place), `dense_rows` of them dense."""
-        return StepShape(self.tokens + tokens, self.dense_rows + dense_rows, self.draft_places + tokens, self.rows)
-
-    def features(self) -> list[float]:
-        return [1.0, self.tokens, self.dense_rows, self.draft_places, self.rows, float(self.dense_rows > 1)]
-
-
-@dataclass(frozen=True)
-class CostParts:
-    """Milliseconds per part of a step (see COST_PRIOR); never negative."""
-
-    fixed: float
-    per_token: float
-    per_dense_row: float
-    per_place: float
-    per_row: float
-    multi_row: float = 0.0  # a head product of more than one row, once per step
-    by_tokens: tuple[float, ...] = ()  # [n]: the measured steps of n fed tokens' mean difference from the line
-
-    def step_ms(self, shape: StepShape) -> float:
-        line = (self.fixed, self.per_token, self.per_dense_row, self.per_place, self.per_row, self.multi_row)
-        ms = sum(p * f for p, f in zip(line, shape.features(), strict=True))
-        if shape.tokens < len(self.by_tokens):
-            ms += self.by_tokens[shape.tokens]
-        return max(float(ms), 0.0)
-
-
-class StepCost:
-    """Decode steps' wall times (drafting, forward, verification) fitted by least squares over recent steps: the
-    last COST_WINDOW steps that fed a draft and the last COST_WINDOW that did not (each within COST_MAX_AGE steps),
-    so that what drafts cost is remembered once drafts stop. With one window, a few requests without drafts pushed
-    every drafted step out, the fit fell back to its prior (a draft token at half a step), and rows drafted at a
-    loss again: Qwen2.5's extraction on the AMD EPYC, where a fed token costs a whole step, ran 0.87x its speed
-    without drafts."""
-
-    def __init__(self) -> None:
-        self._plain: deque[tuple[StepShape, float, int]] = deque(maxlen=COST_WINDOW)
-        self._drafted: deque[tuple[StepShape, float, int]] = deque(maxlen=COST_WINDOW)
-        self._steps = 0  # steps recorded so far: each sample's age is read from it
-        self._fit: tuple[int, CostParts] | None = None  # the last fit and the step it was made at
-
-    def record(self, shape: StepShape, ms: float) -> None:
-        self._steps += 1
-        if shape.draft_places and not self._drafted:  # the first drafted step replaces the prior's guess at once
-            self._fit = None
-        (self._drafted if shape.draft_places else self._plain).append((shape, ms, self._steps))
-
-    def parts(self) -> CostParts:
-        """The fit, made again once REFIT_EVERY steps have been recorded since the last."""
-        if self._fit is None or self._steps - self._fit[0] >= REFIT_EVERY:
-            self._fit = (self._steps, self._fitted())
-        return self._fit[1]
-
-    def _fitted(self) -> CostParts:
-        oldest = self._steps - COST_MAX_AGE
-        steps = [(shape, ms) for shape, ms, at in [*self._plain, *self._drafted] if at > oldest]
-        if not steps:
-            return CostParts(*COST_PRIOR)
-        features = np.array([s.features() for s, _ in steps])
-        times = np.array([ms for _, ms in steps])
-        prior = np.array(COST_PRIOR) * float(times.mean())
-        # Ridge towards the prior: min |X t - y|^2 + w |t - prior|^2, whose normal equations are these.
-        weight = PRIOR_WEIGHT * np.eye(len(COST_PRIOR))
-        fitted = np.maximum(np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior),
-                            0.01 * prior)
-        residual = times - features @ fitted
-        counts = np.array([s.tokens for s, _ in steps])
-        by_tokens = np.bincount(counts, weights=residual) / (np.bincount(counts) + SHAPE_SHRINK)
-        fixed, per_token, per_dense_row, per_place, per_row, multi_row = (float(v) for v in fitted)
-        return CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
-                         tuple(float(v) for v in by_tokens))
 
 
 def best_length(rate: float, limit: int, step_ms: Callable[[int], float], made: float) -> int:

@@ -26,7 +26,7 @@ import torch
 from corral.kernels.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, StepShape
 from corral.kernels.ggml_step_graph import Embedding, StepGraphs
 from corral.kernels.half_sums import attention_sums_in_half
-from corral.kernels.logit_refinement import refine_near_top
+from corral.kernels.logit_refinement import BestAmong, refine_near_top
 from corral.kernels.row_kernel import LLAMA_CPP_GGML, RowKernel, ggml_version
 from corral.server.models.decoded_rows import DecodedRows
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
@@ -200,9 +200,9 @@ class GgufDecoder(torch.nn.Module):
 
     def refine(
         self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int], screened: None = None
-    ) -> None:
+    ) -> BestAmong:
         """Each given row's logits near its best recomputed exactly (the product rounds its input to 8 bits)."""
-        refine_near_top(self.head, logits, hidden, rows, depths)
+        return refine_near_top(self.head, logits, hidden, rows, depths)
 
 
 def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:

@@ -29,7 +29,7 @@ from corral.kernels.ggml_graph_parts import StepShape
 from corral.kernels.ggml_layers import GgmlLayerSteps
 from corral.kernels.head_screen import ScreenedRows, head_screen_enabled, screen_rows, settle_screened
 from corral.kernels.layer_kernels import layer_parts
-from corral.kernels.logit_refinement import refine_near_top
+from corral.kernels.logit_refinement import BestAmong, refine_near_top
 from corral.kernels.projection import Projection
 from corral.kernels.quantized_projection import (
     Quantization,
@@ -300,7 +300,7 @@ class LlamaFamilyModel(torch.nn.Module):
     def refine(
         self, logits: torch.Tensor, hidden: torch.Tensor, rows: list[int], depths: list[int],
         screened_rows: ScreenedRows | None = None,
-    ) -> None:
+    ) -> BestAmong:
         """Recompute in place, exactly, each given row's logits near its best (down to its depth) where the
         head's kernel rounds them (corral/kernels/logit_refinement.py); `hidden` gave `logits`. Screened rows
         (`restricted_logits` returned them) get their candidates' exact logits instead
@@ -311,7 +311,8 @@ class LlamaFamilyModel(torch.nn.Module):
             depths = [d for row, d in zip(rows, depths, strict=True) if row not in screened]
             rows = [row for row in rows if row not in screened]
         if isinstance(self.head, (SplitProjection, QuantizedProjection)):
-            refine_near_top(self.head, logits, hidden, rows, depths)
+            return refine_near_top(self.head, logits, hidden, rows, depths)
+        return {}
 
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
