@@ -181,9 +181,9 @@ class StructuredOutput:
     def apply(self, logits: torch.Tensor, batch: list[Sequence], settled: SettledMasks) -> tuple[list[int], list[int]]:
         """Mask every row; returns (rows that go on to sampling, rows a ban left with no token: dead ends).
         Rows that ended or back off this step (`settled.dead`) are in neither."""
-        free_rows = [i for i, s in enumerate(batch) if s.matcher is None and s.params.ignore_eos]
-        if free_rows:
-            logits[torch.tensor(free_rows)[:, None], self._ban_stop[None, :]] = float("-inf")
+        for row, seq in enumerate(batch):  # index_fill_ a row: ~10 µs, advanced indexing ~50 (every step)
+            if seq.matcher is None and seq.params.ignore_eos:
+                logits[row].index_fill_(0, self._ban_stop, float("-inf"))
         # Restricted rows came out of the head already masked.
         unmasked = [row for row in settled.rows if row not in settled.restricted]
         if unmasked:
