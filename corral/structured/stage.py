@@ -181,7 +181,7 @@ class StructuredOutput:
     def apply(self, logits: torch.Tensor, batch: list[Sequence], settled: SettledMasks) -> tuple[list[int], list[int]]:
         """Mask every row; returns (rows that go on to sampling, rows a ban left with no token: dead ends).
         Rows that ended or back off this step (`settled.dead`) are in neither."""
-        for row, seq in enumerate(batch):  # index_fill_ a row: ~10 µs, advanced indexing ~50 (every step)
+        for row, seq in enumerate(batch):  # index_fill_: ~3 µs a Qwen row, indexing the batch ~10
             if seq.matcher is None and seq.params.ignore_eos:
                 logits[row].index_fill_(0, self._ban_stop, float("-inf"))
         # Restricted rows came out of the head already masked.
