@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from corral.kernels.decode_layout import DecodeCache, DecodeLayout, LongRow
@@ -57,9 +58,12 @@ class StepGraphs:
         ropes: Sequence[tuple[torch.Tensor, float]],
         final_norm: torch.Tensor,
         embedding: Embedding,
+        head: Any = None,
     ) -> None:
-        """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale."""
+        """ropes: per RoPE table, its inverse frequencies [head_dim / 2] and cos/sin scale. head: the vocabulary
+        projection's ggml weight [hidden, vocab], for steps that want every logit (`hidden_and_logits`)."""
         self.shape, self.layers, self.final_norm, self.embedding = shape, list(layers), final_norm, embedding
+        self.head = head
         gains: list[torch.Tensor] = [final_norm]
         for part in self.layers:
             optional = [part.qkv_bias, part.qk_norm_gain, part.o_bias, part.attn_out_norm, part.gate_up_bias]
@@ -78,6 +82,23 @@ class StepGraphs:
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: DecodeCache
     ) -> torch.Tensor:
+        return self._step(input_ids, positions, last, cache, False)[0]
+
+    def hidden_and_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: DecodeCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`hidden`, and each row's logits over the whole vocabulary [rows, vocab] from the same graph: a step
+        whose rows all want every logit (free text) runs no second graph for its head. Needs `head`."""
+        if self.head is None:
+            raise ValueError("these step graphs were built without the head's weight")
+        hidden, logits = self._step(input_ids, positions, last, cache, True)
+        assert logits is not None
+        return hidden, logits
+
+    def _step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache: DecodeCache,
+        with_head: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rows = cache.step_rows()
         threads = max(1, torch.get_num_threads())
         key_dtype = cache.keys[0].dtype
@@ -93,13 +114,13 @@ class StepGraphs:
             short_shape = None
         if rows.long:
             self.prompt_steps += 1
-            graph = _StepGraph(self, cache, tokens, outputs, short_shape, rows.long)
+            graph = _StepGraph(self, cache, tokens, outputs, short_shape, rows.long, with_head)
             try:
                 return graph.run(input_ids, positions, last, short, threads)
             finally:
                 graph.free()
         self.decode_steps += 1
-        graph = self._kept(cache, (tokens, outputs, short_shape))
+        graph = self._kept(cache, (tokens, outputs, short_shape, with_head))
         return graph.run(input_ids, positions, last, short, threads)
 
     def _kept(self, cache: DecodeCache, key: tuple[Any, ...]) -> _StepGraph:
@@ -113,8 +134,8 @@ class StepGraphs:
         if key in self._graphs:
             graph = self._graphs.pop(key)
         else:
-            tokens, outputs, short_shape = key
-            graph = _StepGraph(self, cache, tokens, outputs, short_shape, ())
+            tokens, outputs, short_shape, with_head = key
+            graph = _StepGraph(self, cache, tokens, outputs, short_shape, (), with_head)
             if len(self._graphs) >= GRAPHS_KEPT:
                 self._graphs.pop(next(iter(self._graphs))).free()
         self._graphs[key] = graph
@@ -141,7 +162,9 @@ class _StepGraph:
         outputs: int,
         short_shape: tuple[int, int, int, bool] | None,
         long_rows: Sequence[LongRow],
+        with_head: bool = False,
     ) -> None:
+        """with_head: the step's logits too, the head's product after the final norm (steps.head)."""
         ggml, _ = ggml_modules()
         self.ggml = ggml
         s, layers = steps.shape, steps.layers
@@ -187,6 +210,7 @@ class _StepGraph:
         )
         self._cache_ctx: Any = ggml.ggml_init(external)
         self._short_views: list[Any] = []  # their data pointers move to the step's first slot
+        self._views_offset: int | None = None  # where they point now (bytes past each buffer's start)
         self._cache_pointers: list[int] = []
         self._window = next((p.window for p in layers if p.window is not None), None)
         for i, layer in enumerate(layers):
@@ -214,9 +238,16 @@ class _StepGraph:
             gather = last if i == len(layers) - 1 and outputs < tokens else None
             x = c.layer_tail(layer, x, attention, gather)
         x = c.norm(x if outputs < tokens else ggml.ggml_get_rows(c.ctx, x, last), steps.final_norm)
-        ggml.ggml_set_output(x)
+        ggml.ggml_set_output(x)  # kept whole when the head reads it too: refinement recomputes from it
+        self._vocab = 0
+        self._logits: Any = None
+        end = x
+        if with_head:
+            end = ggml.ggml_mul_mat(c.ctx, steps.head, x)  # [vocab, outputs]
+            ggml.ggml_set_output(end)
+            self._logits, self._vocab = end.contents, int(end.contents.ne[0])
         self.graph = ggml.ggml_new_graph_custom(c.ctx, nodes, False)
-        ggml.ggml_build_forward_expand(self.graph, x)
+        ggml.ggml_build_forward_expand(self.graph, end)
         self._allocator: Any = ggml.ggml_gallocr_new(cpu_buffer_type())
         if not ggml.ggml_gallocr_alloc_graph(self._allocator, self.graph):
             self.free()
@@ -288,7 +319,9 @@ class _StepGraph:
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, short: DecodeLayout | None,
         threads: int,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows' final-normed hidden states [outputs, hidden], and their logits [outputs, vocab] where the
+        graph has the head."""
         c = self.context
         view = self._in
         view(self._ids, self.tokens).copy_(input_ids)
@@ -302,8 +335,12 @@ class _StepGraph:
             self._fill_long(row, full, windowed)
         if self._order is not None:
             view(self._order, self.tokens).copy_(self._order_of(short))
+        logits = None
+        if self._logits is not None:  # written straight into a tensor of the caller's, as RowKernel's products are
+            logits = torch.empty(self.outputs, self._vocab)
+            self._logits.data = logits.data_ptr()
         self._plan.compute(threads)
-        return self._out.clone()
+        return self._out.clone(), logits
 
     def _flat_slots(self, positions: torch.Tensor, short: DecodeLayout | None) -> torch.Tensor:
         """Each packed token's slot."""
@@ -320,25 +357,35 @@ class _StepGraph:
         slots, queries, keys, gathered = self.short_shape
         view = self._in
         index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
-        cell = short.token_slot * queries + short.token_query  # each short token's place in the blocks
         # Keys a query sees: its own position + 1; padding sees key 0 only (a finite softmax, output unread).
-        lengths = torch.ones(slots * queries, dtype=torch.long)
-        lengths[cell] = positions[index] + 1
-        if gathered:  # a padding query is token 0's, masked
-            picked = torch.zeros(slots * queries, dtype=torch.int32)
-            picked[cell] = index.to(torch.int32)
-            view(self._gather, slots * queries).copy_(picked)
-            view(self._scatter, len(cell)).copy_(cell)
-        lengths = lengths.view(slots, queries, 1)
-        key_index = torch.arange(keys)[None, None, :]
+        if short.direct:  # one token a slot, in slot order: the pack is the block
+            lengths = positions.numpy() + 1
+        else:
+            cell = short.token_slot * queries + short.token_query  # each short token's place in the blocks
+            filled = torch.ones(slots * queries, dtype=torch.long)
+            filled[cell] = positions[index] + 1
+            lengths = filled.numpy()
+            if gathered:  # a padding query is token 0's, masked
+                picked = torch.zeros(slots * queries, dtype=torch.int32)
+                picked[cell] = index.to(torch.int32)
+                view(self._gather, slots * queries).copy_(picked)
+                view(self._scatter, len(cell)).copy_(cell)
+        # numpy, not torch, for the masks: each call here runs on caches the weights just streamed through, where
+        # numpy's small calls cost a fraction of torch's.
+        lengths = lengths.reshape(slots, queries, 1)
+        key_index = np.arange(keys)
         visible = key_index < lengths
-        view(self._full_mask, slots, queries, keys).copy_(torch.where(visible, 0.0, float("-inf")))
+        full = view(self._full_mask, slots, queries, keys).numpy()
+        full[...] = np.where(visible, np.float16(0.0), np.float16(-np.inf))
         if self._window is not None:
             in_window = visible & (key_index >= lengths - self._window)
-            view(self._window_mask, slots, queries, keys).copy_(torch.where(in_window, 0.0, float("-inf")))
+            windowed = view(self._window_mask, slots, queries, keys).numpy()
+            windowed[...] = np.where(in_window, np.float16(0.0), np.float16(-np.inf))
         offset = short.first_slot * self._slot_bytes
-        for i, view_contents in enumerate(self._short_views):
-            view_contents.data = self._cache_pointers[i] + offset
+        if offset != self._views_offset:  # the same first slot as the last step's (a stream): views in place
+            for i, view_contents in enumerate(self._short_views):
+                view_contents.data = self._cache_pointers[i] + offset
+            self._views_offset = offset
 
     def _fill_long(self, row: LongRow, full: Any, windowed: Any) -> None:
         keys, padded = row.start + row.tokens, -(-row.tokens // _MASK_PAD) * _MASK_PAD

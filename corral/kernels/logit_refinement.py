@@ -44,33 +44,82 @@ def _near_top(
     logits: torch.Tensor, rows: list[int], depths: list[int] | None
 ) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
     """`near_top`'s (rows, columns), and the given rows cut to their best REFINE_MAX_PER_ROW (crowded)."""
-    index = torch.tensor(rows, dtype=torch.long)
     if not rows:
-        return index, index, set()
+        empty = torch.empty(0, dtype=torch.long)
+        return empty, empty, set()
+    if (depths is None or all(d <= 1 for d in depths)) and len(rows) == 1:
+        return _near_top_of_one(logits, rows[0])
+    return _near_top_of_many(logits, rows, depths)
+
+
+def _near_top_of_one(logits: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
+    """One row that asks for its best only (a single stream's step): the same search in as few numpy calls as it
+    takes. Each call right after a decode step runs on caches the weights just streamed through, ~10-30 us
+    apiece, so the general path's bookkeeping cost more than its passes over the row (measured: 2x as long on
+    Qwen2.5's and Gemma 3's heads; docs/measured-choices.md#logit-refinement)."""
+    values = logits[row].detach().numpy()
+    best = float(values.max())
+    if best != best or best == float("-inf"):  # nothing allowed (all -inf): no candidates
+        columns = np.empty(0, dtype=np.int64)
+    else:
+        columns = np.flatnonzero(values >= best - abs(best) * REFINE_RELATIVE_MARGIN)
+    crowded = set()
+    if len(columns) > 1 + REFINE_MAX_PER_ROW:  # a flat distribution: its best few only
+        crowded = {row}
+        columns = np.sort(columns[np.argsort(-values[columns], kind="stable")[: 1 + REFINE_MAX_PER_ROW]])
+    picked = torch.from_numpy(columns)
+    return torch.full((len(columns),), row, dtype=torch.long), picked, crowded
+
+
+# Several rows search their logits a chunk at a time: each chunk's maximum first (torch's reduction, on every
+# thread), then the compare only over the chunks that reach a row's floor (measured against one compare over
+# every row: docs/measured-choices.md#logit-refinement).
+SEARCH_CHUNK = 1024
+
+
+def _near_top_of_many(
+    logits: torch.Tensor, rows: list[int], depths: list[int] | None
+) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
+    index = torch.tensor(rows, dtype=torch.long)
     picked = logits if rows == list(range(logits.shape[0])) else logits[index]
     values = picked.detach().numpy()
-    width = values.shape[1]
-    wanted = np.clip(np.asarray(depths or [1] * len(rows)), 1, width)
-    edge = values.max(axis=1)
+    count, width = values.shape
+    body = width - width % SEARCH_CHUNK
+    chunks = body // SEARCH_CHUNK
+    peaks = picked[:, :body].reshape(count, chunks, SEARCH_CHUNK).amax(dim=2).numpy()
+    edge = peaks.max(axis=1) if chunks else np.full(count, -np.inf, dtype=values.dtype)
+    tail = values[:, body:]
+    if body < width:
+        edge = np.maximum(edge, tail.max(axis=1))
+    wanted = np.clip(np.asarray(depths or [1] * count), 1, width)
     deep = np.flatnonzero(wanted > 1)
     if len(deep):  # rows that report alternatives: the n-th best bounds them (rare, so torch's topk there)
         ranked = picked[torch.from_numpy(deep)].topk(int(wanted.max()), dim=-1).values.numpy()
         edge[deep] = ranked[np.arange(len(deep)), wanted[deep] - 1]
     with np.errstate(invalid="ignore"):  # a row with nothing allowed (all -inf) gets an inf floor: no candidates
         floor = np.where(np.isfinite(edge), edge - np.abs(edge) * REFINE_RELATIVE_MARGIN, np.inf)
-    flat = np.flatnonzero(values >= floor[:, None])
-    local_rows, columns = flat // width, flat % width
-    counts = np.bincount(local_rows, minlength=len(rows))
+    hit_rows, hit_chunks = np.nonzero(peaks >= floor[:, None])
+    blocks = values[:, :body].reshape(count, chunks, SEARCH_CHUNK)[hit_rows, hit_chunks]
+    within, offset = np.nonzero(blocks >= floor[hit_rows][:, None])
+    local_rows, columns = hit_rows[within], hit_chunks[within] * SEARCH_CHUNK + offset
+    if body < width:  # the columns past the last whole chunk, then back into (row, column) order
+        tail_rows, tail_columns = np.nonzero(tail >= floor[:, None])
+        local_rows = np.concatenate([local_rows, tail_rows])
+        columns = np.concatenate([columns, body + tail_columns])
+        order = np.argsort(local_rows * width + columns, kind="stable")
+        local_rows, columns = local_rows[order], columns[order]
+    counts = np.bincount(local_rows, minlength=count)
     limit = wanted + REFINE_MAX_PER_ROW
     crowded = np.flatnonzero(counts > limit)
     if len(crowded):  # a flat distribution: keep each such row's best `limit` only
-        keep = np.ones(len(flat), dtype=bool)
+        keep = np.ones(len(columns), dtype=bool)
         for row in crowded:
             mine = np.flatnonzero(local_rows == row)
             order = np.argsort(-values[row, columns[mine]], kind="stable")
             keep[mine[order[limit[row] :]]] = False
         local_rows, columns = local_rows[keep], columns[keep]
-    return index[torch.from_numpy(local_rows)], torch.from_numpy(columns), {rows[int(r)] for r in crowded}
+    picked_columns = torch.from_numpy(columns.astype(np.int64))
+    return index[torch.from_numpy(local_rows)], picked_columns, {rows[int(r)] for r in crowded}
 
 
 class RoundingHead(Protocol):
@@ -103,6 +152,8 @@ def refine_near_top(
     among: BestAmong = {}
     if len(columns):
         logits[index, columns] = head.select(hidden, index, columns).float()
+        if len(rows) == 1:  # a single stream's step: its columns, without splitting them by row
+            return {} if crowded else {rows[0]: columns}
         # Each row's candidates lie together, ascending (near_top's order).
         owners, counts = torch.unique_consecutive(index, return_counts=True)
         for row, part in zip(owners.tolist(), torch.split(columns, counts.tolist()), strict=True):

@@ -101,10 +101,10 @@ def _blocking_forward(engine: Engine) -> tuple[threading.Event, threading.Event]
     entered, release = threading.Event(), threading.Event()
     original: Callable[..., DecodedStep] = engine.runner.decode
 
-    def decode(rows: Any) -> DecodedStep:
+    def decode(rows: Any, dense: bool = False) -> DecodedStep:
         entered.set()
         release.wait(60)
-        return original(rows)
+        return original(rows, dense)
 
     engine.runner.decode = decode  # type: ignore[method-assign]
     return entered, release

@@ -123,6 +123,33 @@ def test_a_restricted_row_gets_the_exact_logits_of_its_allowed_tokens(written: t
     assert float(full[0, best]) == pytest.approx(float(exact_best[0]), abs=1e-5)
 
 
+def test_a_dense_step_ends_its_graph_in_the_head_with_the_same_logits(written: tuple[Any, Any]) -> None:
+    """A step whose rows all want every logit (free text: `decode(dense=True)`) computes them in the decoder's
+    graph: bit for bit the head's own product, for a step with a prompt and for decode steps of one and two
+    rows; given allowed ids after all, `head` still restricts the row."""
+    decoder, _ = written
+    prompt = _sequence(5, 24)
+    steps = [[ForwardRow(0, 0, prompt[:20]), ForwardRow(2, 0, prompt[:7])]]
+    steps += [[ForwardRow(0, 20 + i, [prompt[20 + i]]), ForwardRow(2, 7 + i, [prompt[i]])] for i in range(3)]
+    steps += [[ForwardRow(0, 23, [prompt[23]])]]
+    results = []
+    for dense in (False, True):
+        runner = _runner(decoder)
+        got = []
+        for rows in steps:
+            step = runner.decode(rows, dense)
+            assert (step.logits is not None) == dense
+            got.append(runner.head(step, {}).rows)
+        results.append(got)
+    for separate, fused in zip(*results, strict=True):
+        assert torch.equal(separate, fused)
+    runner = _runner(decoder)
+    step = runner.decode([ForwardRow(0, 0, prompt[:9])], dense=True)
+    allowed = torch.tensor([3, 17, 5])
+    restricted = runner.head(step, {0: allowed}).rows
+    assert torch.isinf(restricted[0]).sum() == VOCAB - len(allowed)
+
+
 def test_weights_stay_in_the_files_mapping_or_are_repacked_once(written: tuple[Any, Any]) -> None:
     """Every weight ggml multiplies lies inside the file's memory map, except those repacked for ggml's GEMM
     kernels (on AVX2 the Q4_0 ones here), which replace the file's pages: nothing converted to float, nothing

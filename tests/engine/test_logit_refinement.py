@@ -88,3 +88,36 @@ def test_refinement_names_where_each_row_s_best_lies_except_a_crowded_row() -> N
     flat = wide(hidden)
     assert refine_near_top(wide, flat, hidden, [0]) == {}
     assert refine_near_top(QuantizedProjection(torch.full((4, 32), 0.3), None, "w8a8"), flat, hidden, [0]) == {}
+
+
+def _reference_near_top(logits: torch.Tensor, rows: list[int], depths: list[int]) -> list[tuple[int, int]]:
+    """near_top's contract, one row at a time in plain Python."""
+    found = []
+    for row, depth in zip(rows, depths, strict=True):
+        values = logits[row].tolist()
+        ranked = sorted((v for v in values if v != float("-inf")), reverse=True)
+        if not ranked:
+            continue
+        edge = ranked[min(depth, len(ranked)) - 1]
+        floor = edge - abs(edge) * REFINE_RELATIVE_MARGIN
+        columns = [c for c, v in enumerate(values) if v >= floor]
+        if len(columns) > depth + REFINE_MAX_PER_ROW:
+            columns = sorted(sorted(columns, key=lambda c: -values[c])[: depth + REFINE_MAX_PER_ROW])
+        found += [(row, c) for c in columns]
+    return found
+
+
+def test_the_search_finds_every_candidate_across_chunks_and_the_tail_in_row_order() -> None:
+    """Rows wider than a search chunk: candidates in several chunks and past the last whole one, a masked row,
+    a row reporting alternatives and a flat row, searched alone and together."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3 * 1024 + 300, generator=generator) * 3
+    logits[0, [10, 2000, 3 * 1024 + 5]] = torch.tensor([20.0, 20.0 * (1 - REFINE_RELATIVE_MARGIN / 3), 19.99])
+    logits[1] = float("-inf")
+    logits[1, 2500] = -1.0
+    logits[2, 3 * 1024 + 299] = 30.0  # the best in the tail alone
+    logits[3, :200] = 25.0  # flat: more ties than a row refines
+    logits[4, ::2] = float("-inf")
+    for rows, depths in (([0, 1, 2, 3, 4], [1, 1, 1, 1, 1]), ([4, 0, 2], [3, 1, 2]), ([2], [1]), ([3], [1])):
+        index, columns = near_top(logits, rows, depths)
+        assert list(zip(index.tolist(), columns.tolist(), strict=True)) == _reference_near_top(logits, rows, depths)

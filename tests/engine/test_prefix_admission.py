@@ -189,7 +189,7 @@ def test_a_forward_that_fails_midway_unindexes_what_it_was_writing(loaded: Loade
     _generate(engine, [prompt])
     runner = engine.runner
 
-    def fails(rows: object) -> None:
+    def fails(rows: object, dense: bool = False) -> None:
         raise RuntimeError("the step died after writing some layers")
 
     runner._impl.decode = fails  # type: ignore[method-assign]

@@ -159,7 +159,9 @@ class Engine:
         fed = sum(len(r.tokens) for r in rows_in)
         chosen = choose_threads(self.threads, self._torch_threads, masks is not None, fed)
         t0 = time.perf_counter()
-        decoded = self.runner.decode(rows_in)
+        # Free text only, no drafts: every row wants every logit, which the decoder may compute with its step.
+        dense = all(s.matcher is None and s.draft is None for s in batch)
+        decoded = self.runner.decode(rows_in, dense)
         t_settle = time.perf_counter()
         settled = self.structured.settle(batch, masks, restrictable=self.runner.restricts_head)
         waited = time.perf_counter() - t_settle

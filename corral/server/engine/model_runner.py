@@ -85,8 +85,9 @@ class StepLogits:
 
 @dataclass(frozen=True)
 class DecodedStep:
-    """A step's decoder output: the rows' and wanted draft places' hidden states (corral's decoder), or the
-    finished logits (transformers', whose head runs with its decoder)."""
+    """A step's decoder output: the rows' and wanted draft places' hidden states (corral's decoder), and/or the
+    finished logits (transformers', whose head runs with its decoder; a GGUF's dense step, whose graph ends in
+    the head)."""
 
     rows: Sequence[ForwardRow]
     hidden: torch.Tensor | None = None
@@ -105,7 +106,7 @@ class _Forward(Protocol):
     @property
     def restricts_head(self) -> bool: ...
 
-    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep: ...
+    def decode(self, rows: Sequence[ForwardRow], dense: bool = False) -> DecodedStep: ...
 
     def head(self, step: DecodedStep, allowed: Allowed) -> StepLogits: ...
 
@@ -138,10 +139,12 @@ class ModelRunner:
         return self._impl.restricts_head
 
     @torch.inference_mode()
-    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
-        """Feed each row's tokens (writing their KV); the step's hidden states, ready for `head`."""
+    def decode(self, rows: Sequence[ForwardRow], dense: bool = False) -> DecodedStep:
+        """Feed each row's tokens (writing their KV); the step's hidden states, ready for `head`. `dense`: no row
+        feeds a draft and `head` will be given no allowed ids (every row wants every logit, as free text does):
+        the decoder may compute the logits with the step, which `head` then hands on."""
         try:
-            step = self._impl.decode(rows)
+            step = self._impl.decode(rows, dense)
         except BaseException:
             for row in rows:
                 self.prefix.discard(row.slot, row.start)
@@ -188,7 +191,7 @@ class PackedForward:
         # its rows. On CUDA the whole projection is one cheap kernel; gathers per row would cost more.
         self.restricts_head = device.type == "cpu"
 
-    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
+    def decode(self, rows: Sequence[ForwardRow], dense: bool = False) -> DecodedStep:
         counts = [len(r.tokens) for r in rows]
         starts = [r.start for r in rows]
         plan = self.cache.plan([r.slot for r in rows], starts, counts)
@@ -199,7 +202,11 @@ class PackedForward:
         drafted = [end - r.drafted + j for end, r in zip(ends, rows, strict=True) for j in r.draft_outputs]
         # The decoder gives the wanted positions' states in pack order; the rows' come first in the logits.
         wanted = sorted(mains + drafted)
-        states = self.model.hidden(input_ids, positions, torch.tensor(wanted, device=self.device), self.cache)
+        last = torch.tensor(wanted, device=self.device)
+        if dense and not drafted and isinstance(self.model, GgufDecoder):  # the head in the decoder's graph
+            states, logits = self.model.hidden_and_logits(input_ids, positions, last, self.cache)
+            return DecodedStep(rows, hidden=states, logits=logits)
+        states = self.model.hidden(input_ids, positions, last, self.cache)
         if drafted:
             place = {position: i for i, position in enumerate(wanted)}
             states = states[torch.tensor([place[p] for p in mains + drafted], device=self.device)]
@@ -208,6 +215,8 @@ class PackedForward:
     def head(self, step: DecodedStep, allowed: Allowed) -> StepLogits:
         rows, states = step.rows, step.hidden
         assert states is not None
+        if step.logits is not None and not allowed:  # computed with the decoder (`decode(dense=True)`)
+            return StepLogits(step.logits, step.logits[len(rows) :], len(rows), Refiner(self.model, states))
         allowed = dict(allowed)
         best_only = [i for i, r in enumerate(rows) if r.best_only]
         # One head for the rows and the draft places (a head's cost grows slower than its rows); the draft
@@ -258,7 +267,7 @@ class TransformersForward:
             device=self.device,
         )
 
-    def decode(self, rows: Sequence[ForwardRow]) -> DecodedStep:
+    def decode(self, rows: Sequence[ForwardRow], dense: bool = False) -> DecodedStep:
         if any(r.drafted for r in rows):
             raise ValueError("transformers' forward takes no drafts (ModelRunner.drafts is False)")
         out: list[torch.Tensor | None] = [None] * len(rows)

@@ -23,6 +23,7 @@ whole row keeps rollbacks and prefix-cache copies the same for every layer.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 from collections.abc import Sequence
@@ -61,6 +62,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.frombuffer(region, dtype=dtype, count=count).view(shape)  # the tensor keeps the mapping alive
 
 
+_CPU = torch.device("cpu")
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything about a step's layout that every layer shares, computed once per step."""
@@ -73,12 +77,43 @@ class StepPlan:
     slot_count: int
     span: int  # longest key length among short rows
     queries: int  # longest short row (the query block's length)
-    decode_mask: torch.Tensor | None  # [slot_count, 1, queries * group, span]
-    decode_window_mask: torch.Tensor | None  # the same for sliding-window layers (keys past the window hidden)
     multi: tuple[_MultiRow, ...]
     # Every row feeds one token and the rows are consecutive slots in pack order: the pack itself is the query
     # block (no zero-filled block, scatter or gather; measured: docs/changelog.md#2026-11-26-second).
     direct: bool = False
+    # What the short rows' masks are made from, once a layer reads them: the keys each query sees [slot_count,
+    # queries], the GQA group, the sliding window, the device. ggml's graphs attend from the layout alone and
+    # never read the masks, so they are not built for them (numpy work on cold caches every step).
+    seen: np.ndarray | None = None
+    group: int = 1
+    window: int | None = None
+    device: torch.device = _CPU
+
+    @functools.cached_property
+    def decode_mask(self) -> torch.Tensor | None:
+        """[slot_count, 1, queries * group, span]; None where one row sees all its keys."""
+        if self.seen is None or (self.direct and self.slot_count == 1):
+            return None
+        return self._mask(self._visible())
+
+    @functools.cached_property
+    def decode_window_mask(self) -> torch.Tensor | None:
+        """The mask of sliding-window layers (keys past the window hidden); None as `decode_mask`."""
+        if self.seen is None:
+            return None
+        if self.window is None or self.span <= self.window:
+            return self.decode_mask
+        # A query at position p = seen - 1 sees keys in (p - window, p]; padding (seen 1) keeps key 0.
+        return self._mask(self._visible() & (np.arange(self.span) >= self.seen[:, :, None] - self.window))
+
+    def _visible(self) -> np.ndarray:
+        assert self.seen is not None
+        return np.arange(self.span) < self.seen[:, :, None]  # [slots, Q, span]
+
+    def _mask(self, visible: np.ndarray) -> torch.Tensor:
+        # GQA: the query axis is Q × group (each query's group heads in a row): repeat each query's line.
+        expanded = np.ascontiguousarray(np.repeat(visible, self.group, axis=1)[:, None])
+        return torch.from_numpy(expanded).to(self.device)
 
 
 class InPlaceKVCache:
@@ -144,7 +179,7 @@ class InPlaceKVCache:
                 if window is not None and windowed:
                     window_mask = causal & (keys > query_pos - window)
             multi.append(_MultiRow(int(offsets[i]), n, slots[i], length, mask, window_mask))
-        decode_tokens = decode_slots = decode_query = decode_mask = decode_window_mask = None
+        decode_tokens = decode_slots = decode_query = seen = None
         slot_lo = slot_count = span = queries = 0
         direct = False
         short = count_arr <= SHORT_ROW_MAX
@@ -161,23 +196,10 @@ class InPlaceKVCache:
             # only, so their softmax stays finite; their outputs are never read.
             seen = np.ones((slot_count, queries), dtype=np.int64)
             seen[token_slots, token_query] = positions[tokens] + 1
-            visible = np.arange(span) < seen[:, :, None]  # [slots, Q, span]
-            # GQA: the query axis is Q × group (each query's group heads in a row): repeat each query's line.
-            group = self.num_heads // self.num_kv_heads
-            decode_mask = self._tensor(np.repeat(visible, group, axis=1)[:, None])
-            decode_window_mask = decode_mask
-            if window is not None and span > window:
-                # A query at position p = seen - 1 sees keys in (p - window, p]; padding (seen 1) keeps key 0.
-                in_window = visible & (np.arange(span) >= seen[:, :, None] - window)
-                decode_window_mask = self._tensor(np.repeat(in_window, group, axis=1)[:, None])
             decode_tokens = self._tensor(tokens)
             decode_slots = self._tensor(token_slots)
             decode_query = self._tensor(token_query)
             direct = not multi and queries == 1 and np.array_equal(slot_arr - slot_lo, np.arange(len(slot_arr)))
-            if direct and slot_count == 1:
-                # One row sees all its keys: no mask at all (windowed layers too while it fits the window).
-                decode_mask = None
-                decode_window_mask = None if window is None or span <= window else decode_window_mask
         self._plan = StepPlan(
             write_index,
             decode_tokens,
@@ -187,10 +209,12 @@ class InPlaceKVCache:
             slot_count,
             span,
             queries,
-            decode_mask,
-            decode_window_mask,
             tuple(multi),
             direct,
+            seen,
+            self.num_heads // self.num_kv_heads,
+            window,
+            self.device,
         )
         return self._plan
 

@@ -42,7 +42,7 @@ def best_length(rate: float, limit: int, step_ms: Callable[[int], float], made: 
 
 def _draft_ms(cost: CostParts, step: StepShape, dense_share: float, tokens: int) -> float:
     """The step's time with a draft of `tokens` more, `dense_share` of its places dense."""
-    return cost.step_ms(step.grown(tokens, tokens * dense_share))
+    return cost.grown_ms(step, tokens, tokens * dense_share)
 
 
 def expected_kept(draft: Draft, rate: float) -> float:

@@ -64,10 +64,18 @@ class CostParts:
     by_tokens: tuple[float, ...] = ()  # [n]: the measured steps of n fed tokens' mean difference from the line
 
     def step_ms(self, shape: StepShape) -> float:
-        line = (self.fixed, self.per_token, self.per_dense_row, self.per_place, self.per_row, self.multi_row)
-        ms = sum(p * f for p, f in zip(line, shape.features(), strict=True))
-        if shape.tokens < len(self.by_tokens):
-            ms += self.by_tokens[shape.tokens]
+        return self.grown_ms(shape, 0, 0.0)
+
+    def grown_ms(self, shape: StepShape, tokens: int, dense_rows: float) -> float:
+        """`step_ms(shape.grown(tokens, dense_rows))`, without making the grown shape: every row of every step
+        asks this for each draft length it weighs, on the engine thread (spelled out, not `features()`'s
+        dot product, for the same reason)."""
+        fed, dense = shape.tokens + tokens, shape.dense_rows + dense_rows
+        ms = (self.fixed + self.per_token * fed + self.per_dense_row * dense
+              + self.per_place * (shape.draft_places + tokens) + self.per_row * shape.rows
+              + (self.multi_row if dense > 1 else 0.0))
+        if fed < len(self.by_tokens):
+            ms += self.by_tokens[fed]
         return max(float(ms), 0.0)
 
 

@@ -57,6 +57,7 @@ class GgufHead:
     def __init__(self, file: GgufFile, weight: MappedWeight) -> None:
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.nbytes = weight.nbytes
+        self.ggml_weight = weight.ggml_weight  # for step graphs that end in the head (StepGraphs.hidden_and_logits)
         self._kernel = RowKernel(weight, max_rows=HEAD_MAX_ROWS)
         self._rows = DecodedRows(lambda ids: file.dequantized_rows(weight.name, ids), self.in_features)
 
@@ -65,6 +66,8 @@ class GgufHead:
 
     def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Logits of (row, column) pairs, each a float32 dot product with the column's decoded weight row."""
+        if len(rows) and bool((rows == rows[0]).all()):  # one row's (a stream's refinement): no gather, same sums
+            return (torch.from_numpy(self._rows(columns.numpy())) * x[int(rows[0])].float()).sum(-1)
         unique, inverse = torch.unique(columns, return_inverse=True)
         decoded = torch.from_numpy(self._rows(unique.numpy()))
         return (decoded.index_select(0, inverse) * x.index_select(0, rows).float()).sum(-1)
@@ -101,7 +104,8 @@ class GgufDecoder(torch.nn.Module):
         self.head = GgufHead(file, self._weight(head_name, s.hidden_size, s.vocab_size))
         self._layer_bytes = sum(file.nbytes(name) for name in self._layer_weight_names())
         final_norm = file.floats("output_norm.weight")
-        self.graphs = StepGraphs(step_shape, layers, ropes, final_norm, Embedding(embed.ggml_weight, s.embed_scale))
+        self.graphs = StepGraphs(step_shape, layers, ropes, final_norm, Embedding(embed.ggml_weight, s.embed_scale),
+                                 self.head.ggml_weight)
         self.screens = None
 
     def _rope(self, config: Any, layer_type: str) -> tuple[torch.Tensor, float]:
@@ -171,6 +175,13 @@ class GgufDecoder(torch.nn.Module):
         """Each row's last token's final-normed hidden state [B, hidden]; `attend` is the KV cache, whose layout
         the graphs read and write in place (corral/kernels/decode_layout.py)."""
         return self.graphs.hidden(input_ids, positions, last, attend)
+
+    def hidden_and_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`hidden`, and the rows' logits over the whole vocabulary from the same graph (what `head` would give
+        them): a step whose rows all want every logit runs one graph, not two."""
+        return self.graphs.hidden_and_logits(input_ids, positions, last, attend)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any
