@@ -37,6 +37,7 @@ class StepRows(NamedTuple):
 
     short: DecodeLayout | None
     long: tuple[LongRow, ...]
+    write_index: torch.Tensor | None = None  # [T] each packed token's flat slot * max_len + position, if known
 
 
 class DecodeCache(Protocol):

@@ -116,12 +116,12 @@ class StepGraphs:
             self.prompt_steps += 1
             graph = _StepGraph(self, cache, tokens, outputs, short_shape, rows.long, with_head)
             try:
-                return graph.run(input_ids, positions, last, short, threads)
+                return graph.run(input_ids, positions, last, short, threads, rows.write_index)
             finally:
                 graph.free()
         self.decode_steps += 1
         graph = self._kept(cache, (tokens, outputs, short_shape, with_head))
-        return graph.run(input_ids, positions, last, short, threads)
+        return graph.run(input_ids, positions, last, short, threads, rows.write_index)
 
     def _kept(self, cache: DecodeCache, key: tuple[Any, ...]) -> _StepGraph:
         """The graph for a step of this shape over this cache (graphs point at its buffers: another cache
@@ -318,16 +318,17 @@ class _StepGraph:
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, short: DecodeLayout | None,
-        threads: int,
+        threads: int, write_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The rows' final-normed hidden states [outputs, hidden], and their logits [outputs, vocab] where the
-        graph has the head."""
+        graph has the head. write_index: each token's flat slot * max_len + position, where the cache knows it."""
         c = self.context
         view = self._in
         view(self._ids, self.tokens).copy_(input_ids)
         view(c.positions, self.tokens).copy_(positions)
-        flat = self._flat_slots(positions, short)
-        view(self._write, self.tokens).copy_(flat * self._max_len + positions)
+        if write_index is None:
+            write_index = self._flat_slots(positions, short) * self._max_len + positions
+        view(self._write, self.tokens).copy_(write_index)
         view(self._last, self.outputs).copy_(last)
         if short is not None and self.short_shape is not None:
             self._fill_short(positions, short)

@@ -75,3 +75,20 @@ def test_steps_that_are_not_one_token_per_consecutive_slot_take_the_general_layo
     rows.step([0, 1, 2], [3, 5, 4])
     direct, _ = rows.step(slots, counts)
     assert direct is False
+
+
+@pytest.mark.parametrize("slots", [[0], [2], [0, 1, 2], [1, 2], [3, 0, 2], [2, 1]])
+def test_a_step_of_one_token_a_row_is_laid_out_as_the_general_plan_lays_it_out(slots: list[int]) -> None:
+    """`plan`'s path for one token a row (the usual decode step) against its general one, field by field."""
+    cache = _Rows().cache
+    starts = [5 + 3 * slot for slot in slots]  # slot 3 past the window
+    fast = cache.plan(slots, starts, [1] * len(slots))
+    general = cache._plan_any(slots, starts, [1] * len(slots))
+    for name in ("write_index", "decode_tokens", "decode_slots", "decode_query", "positions", "decode_mask",
+                 "decode_window_mask"):
+        mine, theirs = getattr(fast, name), getattr(general, name)
+        assert (mine is None) == (theirs is None), name
+        if mine is not None:
+            assert torch.equal(mine, theirs), name
+    for name in ("slot_lo", "slot_count", "span", "queries", "multi", "direct", "group", "window"):
+        assert getattr(fast, name) == getattr(general, name), name

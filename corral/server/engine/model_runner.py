@@ -196,7 +196,7 @@ class PackedForward:
         starts = [r.start for r in rows]
         plan = self.cache.plan([r.slot for r in rows], starts, counts)
         input_ids = torch.tensor(list(chain.from_iterable(r.tokens for r in rows)), device=self.device)
-        positions = plan.write_index % self.cache.max_len
+        positions = plan.positions if plan.positions is not None else plan.write_index % self.cache.max_len
         ends = list(accumulate(counts))
         mains = [end - 1 - r.drafted for end, r in zip(ends, rows, strict=True)]
         drafted = [end - r.drafted + j for end, r in zip(ends, rows, strict=True) for j in r.draft_outputs]

@@ -88,6 +88,7 @@ class StepPlan:
     group: int = 1
     window: int | None = None
     device: torch.device = _CPU
+    positions: torch.Tensor | None = None  # [T] each packed token's position in its slot
 
     @functools.cached_property
     def decode_mask(self) -> torch.Tensor | None:
@@ -155,6 +156,11 @@ class InPlaceKVCache:
     def plan(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int]) -> StepPlan:
         """Lay out a step whose rows feed `counts[i]` tokens to slot `slots[i]` from position `starts[i]`,
         packed in row order. Binds the plan for the following forward and returns it."""
+        one_each = len(counts) > 0 and all(count == 1 for count in counts)
+        self._plan = self._plan_one_each(slots, starts) if one_each else self._plan_any(slots, starts, counts)
+        return self._plan
+
+    def _plan_any(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int]) -> StepPlan:
         # Index arithmetic in numpy over the whole pack: per-token Python lists and many small tensors cost up to
         # a third of a decode step of the default model (measured: docs/measured-choices.md#slot-attention).
         slot_arr = np.asarray(slots, dtype=np.int64)
@@ -200,7 +206,7 @@ class InPlaceKVCache:
             decode_slots = self._tensor(token_slots)
             decode_query = self._tensor(token_query)
             direct = not multi and queries == 1 and np.array_equal(slot_arr - slot_lo, np.arange(len(slot_arr)))
-        self._plan = StepPlan(
+        return StepPlan(
             write_index,
             decode_tokens,
             decode_slots,
@@ -215,8 +221,37 @@ class InPlaceKVCache:
             self.num_heads // self.num_kv_heads,
             window,
             self.device,
+            self._tensor(positions),
         )
-        return self._plan
+
+    def _plan_one_each(self, slots: Sequence[int], starts: Sequence[int]) -> StepPlan:
+        """`plan` for the usual decode step, every row feeding one token: the same layout in a third of the numpy
+        calls (each call right after a step runs on caches the weights just streamed through)."""
+        slot_arr = np.asarray(slots, dtype=np.int64)
+        start_arr = np.asarray(starts, dtype=np.int64)
+        lo, hi = int(slot_arr.min()), int(slot_arr.max())
+        token_slots = slot_arr - lo
+        rows = len(slot_arr)
+        seen = np.ones((hi - lo + 1, 1), dtype=np.int64)
+        seen[token_slots, 0] = start_arr + 1
+        direct = hi - lo + 1 == rows and bool((token_slots == np.arange(rows)).all())
+        return StepPlan(
+            self._tensor(slot_arr * self.max_len + start_arr),
+            self._tensor(np.arange(rows)),
+            self._tensor(token_slots),
+            self._tensor(np.zeros(rows, dtype=np.int64)),
+            lo,
+            hi - lo + 1,
+            int(start_arr.max()) + 1,
+            1,
+            (),
+            direct,
+            seen,
+            self.num_heads // self.num_kv_heads,
+            self.window,
+            self.device,
+            self._tensor(start_arr),
+        )
 
     def decode_layout(self) -> DecodeLayout | None:
         """The bound step's layout when every row feeds at most SHORT_ROW_MAX tokens (a decode step, forced
@@ -240,7 +275,7 @@ class InPlaceKVCache:
             short = DecodeLayout(plan.slot_lo, plan.slot_count, plan.queries, plan.decode_slots, plan.decode_query,
                                  plan.direct, plan.decode_tokens)
         long = tuple(LongRow(row.offset, row.count, row.slot, row.length - row.count) for row in plan.multi)
-        return StepRows(short, long)
+        return StepRows(short, long, plan.write_index)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
