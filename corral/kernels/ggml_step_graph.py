@@ -126,7 +126,7 @@ class StepGraphs:
     def _kept(self, cache: DecodeCache, key: tuple[Any, ...]) -> _StepGraph:
         """The graph for a step of this shape over this cache (graphs point at its buffers: another cache
         drops them), the most recently used GRAPHS_KEPT kept."""
-        pointers = tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
+        pointers = getattr(cache, "buffer_pointers", None) or tuple(t.data_ptr() for t in (*cache.keys, *cache.values))
         if pointers != self._graphs_cache:
             for graph in self._graphs.values():
                 graph.free()
@@ -252,7 +252,7 @@ class _StepGraph:
         if not ggml.ggml_gallocr_alloc_graph(self._allocator, self.graph):
             self.free()
             raise MemoryError(f"ggml could not allocate a {tokens}-token step's graph")
-        self._out = c.view(x, outputs, s.hidden_size)
+        self._hidden, self._hidden_size = x.contents, s.hidden_size
         self._plan = GraphPlan(self.graph)
         self._views: dict[int, torch.Tensor] = {}
 
@@ -336,12 +336,16 @@ class _StepGraph:
             self._fill_long(row, full, windowed)
         if self._order is not None:
             view(self._order, self.tokens).copy_(self._order_of(short))
+        # The outputs are written straight into tensors of the caller's (their nodes' data pointed at them, as
+        # RowKernel's products are), not copied out of the graph's memory.
+        hidden = torch.empty(self.outputs, self._hidden_size)
+        self._hidden.data = hidden.data_ptr()
         logits = None
-        if self._logits is not None:  # written straight into a tensor of the caller's, as RowKernel's products are
+        if self._logits is not None:
             logits = torch.empty(self.outputs, self._vocab)
             self._logits.data = logits.data_ptr()
         self._plan.compute(threads)
-        return self._out.clone(), logits
+        return hidden, logits
 
     def _flat_slots(self, positions: torch.Tensor, short: DecodeLayout | None) -> torch.Tensor:
         """Each packed token's slot."""

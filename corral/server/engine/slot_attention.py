@@ -144,6 +144,8 @@ class InPlaceKVCache:
         shape = (num_slots, max_len, num_kv_heads, head_dim)
         self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.values = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        # Where the buffers lie (they never move): step graphs that point at them check these once a step.
+        self.buffer_pointers = tuple(t.data_ptr() for t in (*self.keys, *self.values))
         self.num_slots = num_slots
         self.max_len = max_len
         self.num_heads = num_heads
