@@ -24,15 +24,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from corral.kernels.decode_layout import DecodeCache, DecodeLayout, LongRow
 from corral.kernels.ggml_graph_parts import GraphContext, GraphParams, LayerParts, StepShape, rope_factors
 from corral.kernels.row_kernel import GraphPlan, cpu_buffer_type, ggml_modules
+from corral.kernels.step_graph_inputs import (
+    attention_order,
+    fill_short_masks,
+    flat_slots,
+    long_mask_dims,
+    long_masks,
+    short_block,
+)
 
 _MIN_KEY_BUCKET = 64
-_MASK_PAD = 32  # flash attention's masks cover the queries rounded up to this (GGML_KQ_MASK_PAD)
 _LAYER_NODES = 64
 _LONG_ROW_NODES = 12  # per layer, each long row's views, mask and attention
 GRAPHS_KEPT = 64  # decode-step graphs kept, one per shape, the least recently used dropped
@@ -199,8 +205,8 @@ class _StepGraph:
                 self._scatter = self._input(ggml.GGML_TYPE_I32, self._short_tokens(tokens))
         # Each long row: its causal masks [keys, queries rounded up] (full and windowed).
         self._long_masks: list[tuple[Any, Any]] = [
-            (self._input(ggml.GGML_TYPE_F16, *_mask_dims(row)), self._input(ggml.GGML_TYPE_F16, *_mask_dims(row)))
-            for row in self.long_rows
+            (self._input(ggml.GGML_TYPE_F16, *dims), self._input(ggml.GGML_TYPE_F16, *dims))
+            for dims in map(long_mask_dims, self.long_rows)
         ]
         # Attention outputs back into the pack's order when long rows are in the step.
         self._order = self._input(ggml.GGML_TYPE_I32, tokens) if self.long_rows else None
@@ -327,7 +333,7 @@ class _StepGraph:
         view(self._ids, self.tokens).copy_(input_ids)
         view(c.positions, self.tokens).copy_(positions)
         if write_index is None:
-            write_index = self._flat_slots(positions, short) * self._max_len + positions
+            write_index = flat_slots(self.tokens, short, self.long_rows) * self._max_len + positions
         view(self._write, self.tokens).copy_(write_index)
         view(self._last, self.outputs).copy_(last)
         if short is not None and self.short_shape is not None:
@@ -335,7 +341,7 @@ class _StepGraph:
         for row, (full, windowed) in zip(self.long_rows, self._long_masks, strict=True):
             self._fill_long(row, full, windowed)
         if self._order is not None:
-            view(self._order, self.tokens).copy_(self._order_of(short))
+            view(self._order, self.tokens).copy_(attention_order(self.tokens, short, self.long_rows))
         # The outputs are written straight into tensors of the caller's (their nodes' data pointed at them, as
         # RowKernel's products are), not copied out of the graph's memory.
         hidden = torch.empty(self.outputs, self._hidden_size)
@@ -347,45 +353,16 @@ class _StepGraph:
         self._plan.compute(threads)
         return hidden, logits
 
-    def _flat_slots(self, positions: torch.Tensor, short: DecodeLayout | None) -> torch.Tensor:
-        """Each packed token's slot."""
-        slots = torch.empty(self.tokens, dtype=torch.long)
-        if short is not None:
-            index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
-            slots[index] = short.first_slot + short.token_slot
-        for row in self.long_rows:
-            slots[row.offset : row.offset + row.tokens] = row.slot
-        return slots
-
     def _fill_short(self, positions: torch.Tensor, short: DecodeLayout) -> None:
         assert self.short_shape is not None
         slots, queries, keys, gathered = self.short_shape
         view = self._in
-        index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
-        # Keys a query sees: its own position + 1; padding sees key 0 only (a finite softmax, output unread).
-        if short.direct:  # one token a slot, in slot order: the pack is the block
-            lengths = positions.numpy() + 1
-        else:
-            cell = short.token_slot * queries + short.token_query  # each short token's place in the blocks
-            filled = torch.ones(slots * queries, dtype=torch.long)
-            filled[cell] = positions[index] + 1
-            lengths = filled.numpy()
-            if gathered:  # a padding query is token 0's, masked
-                picked = torch.zeros(slots * queries, dtype=torch.int32)
-                picked[cell] = index.to(torch.int32)
-                view(self._gather, slots * queries).copy_(picked)
-                view(self._scatter, len(cell)).copy_(cell)
-        # numpy, not torch, for the masks: each call here runs on caches the weights just streamed through, where
-        # numpy's small calls cost a fraction of torch's.
-        lengths = lengths.reshape(slots, queries, 1)
-        key_index = np.arange(keys)
-        visible = key_index < lengths
-        full = view(self._full_mask, slots, queries, keys).numpy()
-        full[...] = np.where(visible, np.float16(0.0), np.float16(-np.inf))
-        if self._window is not None:
-            in_window = visible & (key_index >= lengths - self._window)
-            windowed = view(self._window_mask, slots, queries, keys).numpy()
-            windowed[...] = np.where(in_window, np.float16(0.0), np.float16(-np.inf))
+        block = short_block(self.tokens, positions, short, slots, queries)
+        if gathered and block.gather is not None and block.scatter is not None:
+            view(self._gather, slots * queries).copy_(block.gather)
+            view(self._scatter, len(block.scatter)).copy_(block.scatter)
+        windowed = view(self._window_mask, slots, queries, keys).numpy() if self._window is not None else None
+        fill_short_masks(view(self._full_mask, slots, queries, keys).numpy(), windowed, block.lengths, self._window)
         offset = short.first_slot * self._slot_bytes
         if offset != self._views_offset:  # the same first slot as the last step's (a stream): views in place
             for i, view_contents in enumerate(self._short_views):
@@ -393,31 +370,11 @@ class _StepGraph:
             self._views_offset = offset
 
     def _fill_long(self, row: LongRow, full: Any, windowed: Any) -> None:
-        keys, padded = row.start + row.tokens, -(-row.tokens // _MASK_PAD) * _MASK_PAD
-        query_position = row.start + torch.arange(padded)[:, None]
-        key_index = torch.arange(keys)[None, :]
-        visible = key_index <= query_position
-        visible[row.tokens :] = key_index == 0  # padding queries see key 0 only
-        view = self._in
-        view(full, padded, keys).copy_(torch.where(visible, 0.0, float("-inf")))
-        if self._window is not None:
-            in_window = visible & (key_index > query_position - self._window)
-            in_window[row.tokens :] = visible[row.tokens :]
-            view(windowed, padded, keys).copy_(torch.where(in_window, 0.0, float("-inf")))
-
-    def _order_of(self, short: DecodeLayout | None) -> torch.Tensor:
-        """For each packed token, its row in the concatenated attention outputs: the short tokens' (in pack
-        order) first, then each long row's."""
-        order = torch.empty(self.tokens, dtype=torch.int32)
-        at = 0
-        if short is not None:
-            index = short.token_index if short.token_index is not None else torch.arange(self.tokens)
-            order[index] = torch.arange(len(index), dtype=torch.int32)
-            at = len(index)
-        for row in self.long_rows:
-            order[row.offset : row.offset + row.tokens] = torch.arange(at, at + row.tokens, dtype=torch.int32)
-            at += row.tokens
-        return order
+        keys, padded = long_mask_dims(row)
+        causal, in_window = long_masks(row, self._window)
+        self._in(full, padded, keys).copy_(causal)
+        if in_window is not None:
+            self._in(windowed, padded, keys).copy_(in_window)
 
     def free(self) -> None:
         ggml = self.ggml
@@ -430,7 +387,3 @@ class _StepGraph:
             ggml.ggml_free(self._cache_ctx)
             self._cache_ctx = None
 
-
-def _mask_dims(row: LongRow) -> tuple[int, int]:
-    """A long row's causal mask: [keys, queries rounded up to the kernel's padding]."""
-    return row.start + row.tokens, -(-row.tokens // _MASK_PAD) * _MASK_PAD
