@@ -223,6 +223,23 @@ def test_step_cost_keeps_what_each_count_of_fed_tokens_costs_off_the_line() -> N
     assert parts.step_ms(StepShape(4, 1, 3, 1)) < parts.step_ms(StepShape(3, 1, 2, 1))
 
 
+def test_a_step_of_many_rows_does_not_read_the_cost_of_one_row_feeding_as_many_tokens() -> None:
+    """Drafted steps of one row (9 tokens in ~30 ms, as Gemma 3's stream at c1) and plain steps of 8 rows (8 tokens,
+    ~47 ms): a draft at c8 (9 tokens over 8 rows) is not priced as the cheap one-row step of 9 tokens, so it costs
+    more than the plain c8 step, and the one-row steps keep their own measured cost."""
+    cost = StepCost()
+    for _ in range(40):
+        cost.record(StepShape(1, 1, 0, 1), 16.0)
+        cost.record(StepShape(9, 9, 8, 1), 30.0)
+        cost.record(StepShape(8, 8, 0, 8), 47.0)
+    parts = cost.parts()
+    plain_c8 = parts.step_ms(StepShape(8, 8, 0, 8))
+    assert plain_c8 == pytest.approx(47.0, rel=0.1)
+    assert parts.step_ms(StepShape(9, 9, 8, 1)) == pytest.approx(30.0, rel=0.1)
+    assert parts.step_ms(StepShape(9, 9, 1, 8)) > plain_c8
+    assert best_length(0.6, 8, lambda n: parts.step_ms(StepShape(8 + n, 8 + n, n, 8)), 8.0) == 0
+
+
 def test_step_cost_remembers_what_drafts_cost_after_many_steps_without_one() -> None:
     """Where a fed token costs a whole step (Qwen2.5 on 2 AMD EPYC cores), a few drafted steps teach the fit so; a
     few requests without drafts (hundreds of plain steps) must not make it forget and draft at a loss again."""

@@ -28,7 +28,7 @@ REFIT_EVERY = 16
 # as (ridge regression towards it). On top of that line, each count of fed tokens keeps its own measured
 # difference from it (shrunk towards none by SHAPE_SHRINK steps' worth): a kernel's cost is a staircase, not a
 # line (on the Xeon, ggml's quantized products take 4 rows at a time: Qwen2.5 1.5B's step of 2 tokens cost 146 ms,
-# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost).
+# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost), kept per count of rows too.
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
 SHAPE_SHRINK = 2.0
@@ -61,7 +61,9 @@ class CostParts:
     per_place: float
     per_row: float
     multi_row: float = 0.0  # a head product of more than one row, once per step
-    by_tokens: tuple[float, ...] = ()  # [n]: the measured steps of n fed tokens' mean difference from the line
+    # [r][n]: the measured steps of r rows and n fed tokens' mean difference from the line; an (r, n) not
+    # measured reads the nearest measured one below it (fewer tokens, then fewer rows), or none.
+    by_shape: tuple[tuple[float, ...], ...] = ()
 
     def step_ms(self, shape: StepShape) -> float:
         return self.grown_ms(shape, 0, 0.0)
@@ -74,8 +76,10 @@ class CostParts:
         ms = (self.fixed + self.per_token * fed + self.per_dense_row * dense
               + self.per_place * (shape.draft_places + tokens) + self.per_row * shape.rows
               + (self.multi_row if dense > 1 else 0.0))
-        if fed < len(self.by_tokens):
-            ms += self.by_tokens[fed]
+        if self.by_shape:
+            table = self.by_shape[min(shape.rows, len(self.by_shape) - 1)]
+            if table:
+                ms += table[min(fed, len(table) - 1)]
         return max(float(ms), 0.0)
 
 
@@ -118,8 +122,32 @@ class StepCost:
         fitted = np.maximum(np.linalg.solve(features.T @ features + weight, features.T @ times + weight @ prior),
                             0.01 * prior)
         residual = times - features @ fitted
-        counts = np.array([s.tokens for s, _ in steps])
-        by_tokens = np.bincount(counts, weights=residual) / (np.bincount(counts) + SHAPE_SHRINK)
         fixed, per_token, per_dense_row, per_place, per_row, multi_row = (float(v) for v in fitted)
         return CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
-                         tuple(float(v) for v in by_tokens))
+                         _staircase([(s.rows, s.tokens) for s, _ in steps], residual))
+
+
+def _staircase(shapes: list[tuple[int, int]], residual: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    """CostParts.by_shape from each step's (rows, fed tokens) and its difference from the line. Keyed by rows too:
+    a step of 9 tokens in one row (a stream's draft) costs a fraction of one of 9 tokens over 8 rows, and with the
+    token count alone, cheap drafted steps at c1 made every draft at c8 look nearly free (Gemma 3's free text at c8
+    ran 0.74x its speed without drafts in `corral bench serve`, 2026-12-04)."""
+    sums: dict[tuple[int, int], float] = {}
+    counts: dict[tuple[int, int], int] = {}
+    for shape, value in zip(shapes, residual.tolist(), strict=True):
+        sums[shape] = sums.get(shape, 0.0) + value
+        counts[shape] = counts.get(shape, 0) + 1
+    tables: list[tuple[float, ...]] = []
+    nearest: tuple[float, ...] = ()
+    for rows in range(max((r for r, _ in sums), default=-1) + 1):
+        seen = [n for r, n in sums if r == rows]
+        if seen:
+            table, value = [], 0.0
+            for fed in range(max(seen) + 1):
+                if (rows, fed) in sums:
+                    value = sums[rows, fed] / (counts[rows, fed] + SHAPE_SHRINK)
+                table.append(value)
+            nearest = tuple(table)
+        tables.append(nearest)
+    return tuple(tables)
+
