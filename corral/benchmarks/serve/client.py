@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from corral.benchmarks.serve.peer import peer_timings
 from corral.benchmarks.serve.stats import RequestResult
 from corral.benchmarks.serve.workload import BenchCase, case_spec, request_body
 from corral.grammars.contract import validate_output
@@ -90,10 +91,13 @@ async def send(client: httpx.AsyncClient, case: BenchCase, *, mode: str, concurr
         # Judged here against the full schema, not taken from the server's own `grammar.schema_valid`.
         valid = validate_output(case_spec(case), text).valid
     grammar = payload.get("grammar") or {}
+    timings = payload.get("timings") or {}
+    if endpoint.name != "corral":
+        timings = peer_timings(timings)
     return RequestResult(
         mode, concurrency, case.case_id, "ok", http_status=200, finish_reason=finish,
         completion_tokens=int((payload.get("usage") or {}).get("completion_tokens") or 0), client_ms=reply.client_ms,
-        timings=payload.get("timings") or {}, backend=grammar.get("backend"), valid=valid, text=text[:TEXT_KEPT],
+        timings=timings, backend=grammar.get("backend"), valid=valid, text=text[:TEXT_KEPT],
         server=endpoint.name,
     )
 

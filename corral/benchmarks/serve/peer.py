@@ -4,6 +4,7 @@ drives with the same requests as corral."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +30,13 @@ def resolve_peer_model(url: str, wanted: str | None, api_key: str | None = None,
     if not ids:
         raise RuntimeError(f"the peer at {url} lists no models; name one with --peer-model")
     return ids[0]
+
+
+def peer_timings(timings: dict[str, Any]) -> dict[str, Any]:
+    """A peer's own `timings` with corral's name added where one means the same: llama-server's
+    `predicted_per_token_ms` is its time per output token after the first (its generation time over the tokens
+    after the first), which is corral's `tpot_ms`. A peer without `timings` (vLLM) stays without."""
+    per_token = timings.get("predicted_per_token_ms")
+    if "tpot_ms" in timings or not isinstance(per_token, (int, float)):
+        return timings
+    return {**timings, "tpot_ms": float(per_token)}

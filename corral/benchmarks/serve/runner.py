@@ -207,11 +207,16 @@ async def drive(config: ServeBenchConfig, base_url: str, progress: Progress, pee
                     progress.phase(label, n)
                     if len(sides) > 1:
                         await asyncio.sleep(SETTLE_S)
+                    # A concurrency-1 run's TPOT is read against the bandwidth of its own minutes (bandwidth.py).
+                    window = [read_bandwidth()] if level == 1 else []
                     results, wall_s = await run_level(
                         side_client, workload, mode=mode, concurrency=level, max_tokens=config.max_tokens,
                         endpoint=endpoint,
                         on_done=lambda r: progress.advance(f"{r.finish_reason or r.status} {r.completion_tokens} tok"))
-                    runs.append(summarize_run(mode, level, results, wall_s))
+                    run = summarize_run(mode, level, results, wall_s)
+                    if window:
+                        run["read_gb_s_window"] = [round(r / 1e9, 3) for r in [*window, read_bandwidth()]]
+                    runs.append(run)
                     driven.requests += results
     return driven
 
@@ -261,7 +266,7 @@ def run_serve_bench(config: ServeBenchConfig, progress: Progress | None = None) 
         "baseline": baseline,
         "peer": _peer_section(config, driven),
         "ratios": ratios,
-        "bandwidth": bandwidth_section(readings, served, runs),
+        "bandwidth": bandwidth_section(readings, served, runs, driven.peer_runs),
         "memory": {**memory, "notes": "PSS summed over each server's processes (the server and its descendants: "
                    "corral's compile workers), read after the timed runs; shared pages such as a memory-mapped "
                    "model file count once. null: the server is not a local process this user can read."},
