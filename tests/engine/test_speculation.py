@@ -240,6 +240,27 @@ def test_a_step_of_many_rows_does_not_read_the_cost_of_one_row_feeding_as_many_t
     assert best_length(0.6, 8, lambda n: parts.step_ms(StepShape(8 + n, 8 + n, n, 8)), 8.0) == 0
 
 
+def test_a_drafted_step_does_not_read_the_cost_of_a_plain_step_feeding_as_many_tokens() -> None:
+    """A plain step of one row and 2 tokens (the pick and a grammar's forced token: one logit row) and a drafted one
+    (a guess: two logit rows, a head apart from the decoder's graph) cost 12 and 25 ms, as on Gemma 3 270M through
+    `corral serve`; the fit's line (a ridge towards its prior) need not tell them apart, the staircase must. Averaged
+    together, a draft of one guess read ~19 ms and looked worth feeding at a rate a 25 ms step does not repay."""
+    cost = StepCost()
+    for _ in range(40):
+        cost.record(StepShape(1, 1, 0, 1), 13.6)
+        cost.record(StepShape(2, 1, 0, 1), 12.3)
+        cost.record(StepShape(2, 2, 1, 1), 25.5)
+        # What else the server ran, which the line is fitted to as well: prompts, and steps of 8 rows.
+        cost.record(StepShape(40, 1, 0, 1), 150.0)
+        cost.record(StepShape(8, 8, 0, 8), 47.0)
+        cost.record(StepShape(16, 8, 0, 8), 70.0)
+    parts = cost.parts()
+    assert parts.step_ms(StepShape(2, 1, 0, 1)) == pytest.approx(12.3, rel=0.1)
+    assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(25.5, rel=0.1)
+    # 1 + 0.8 expected tokens in 25.5 ms is fewer per ms than 1 in 13.6: no draft.
+    assert best_length(0.8, 1, lambda n: parts.step_ms(StepShape(1 + n, 1 + n, n, 1)), 1.0) == 0
+
+
 def test_step_cost_remembers_what_drafts_cost_after_many_steps_without_one() -> None:
     """Where a fed token costs a whole step (Qwen2.5 on 2 AMD EPYC cores), a few drafted steps teach the fit so; a
     few requests without drafts (hundreds of plain steps) must not make it forget and draft at a loss again."""

@@ -29,7 +29,8 @@ REFIT_EVERY = 16
 # as (ridge regression towards it). On top of that line, each count of fed tokens keeps its own measured
 # difference from it (shrunk towards none by SHAPE_SHRINK steps' worth): a kernel's cost is a staircase, not a
 # line (on the Xeon, ggml's quantized products take 4 rows at a time: Qwen2.5 1.5B's step of 2 tokens cost 146 ms,
-# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost), kept per count of rows too.
+# of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost), kept per count of rows and
+# apart for drafted steps too (`_staircase`).
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
 PRIOR_WEIGHT = 1.0
 SHAPE_SHRINK = 2.0
@@ -62,11 +63,12 @@ class CostParts:
     per_place: float
     per_row: float
     multi_row: float = 0.0  # a head product of more than one row, once per step
-    # {(r, n): the measured steps of r rows and n fed tokens' mean difference from the line}; a shape not
-    # measured reads the line alone. Not the nearest measured shape's difference: on Qwen2.5 a plain step's sits
-    # far below a line that prompts pull down to ~8 ms a token, where a drafted token costs ~30 ms at one row, and
-    # read at a draft's shape it priced every draft at the prompts' rate (free text at c1 ran 0.83x without drafts).
-    by_shape: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    # {(r, n, drafted): the measured steps of r rows and n fed tokens' mean difference from the line, drafted
+    # steps apart from plain ones}; a shape not measured reads the line alone. Not the nearest measured shape's
+    # difference: on Qwen2.5 a plain step's sits far below a line that prompts pull down to ~8 ms a token, where a
+    # drafted token costs ~30 ms at one row, and read at a draft's shape it priced every draft at the prompts' rate
+    # (free text at c1 ran 0.83x without drafts).
+    by_shape: Mapping[tuple[int, int, bool], float] = field(default_factory=dict)
 
     def step_ms(self, shape: StepShape) -> float:
         return self.grown_ms(shape, 0, 0.0)
@@ -79,7 +81,7 @@ class CostParts:
         ms = (self.fixed + self.per_token * fed + self.per_dense_row * dense
               + self.per_place * (shape.draft_places + tokens) + self.per_row * shape.rows
               + (self.multi_row if dense > 1 else 0.0))
-        ms += self.by_shape.get((shape.rows, fed), 0.0)
+        ms += self.by_shape.get((shape.rows, fed, shape.draft_places + tokens > 0), 0.0)
         return max(float(ms), 0.0)
 
 
@@ -124,16 +126,21 @@ class StepCost:
         residual = times - features @ fitted
         fixed, per_token, per_dense_row, per_place, per_row, multi_row = (float(v) for v in fitted)
         return CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
-                         _staircase([(s.rows, s.tokens) for s, _ in steps], residual))
+                         _staircase([(s.rows, s.tokens, s.draft_places > 0) for s, _ in steps], residual))
 
 
-def _staircase(shapes: list[tuple[int, int]], residual: np.ndarray) -> dict[tuple[int, int], float]:
-    """CostParts.by_shape from each step's (rows, fed tokens) and its difference from the line. Keyed by rows too:
-    a step of 9 tokens in one row (a stream's draft) costs a fraction of one of 9 tokens over 8 rows, and with the
-    token count alone, cheap drafted steps at c1 made every draft at c8 look nearly free (Gemma 3's free text at c8
-    ran 0.74x its speed without drafts in `corral bench serve`, 2026-12-04)."""
-    sums: dict[tuple[int, int], float] = {}
-    counts: dict[tuple[int, int], int] = {}
+def _staircase(shapes: list[tuple[int, int, bool]], residual: np.ndarray) -> dict[tuple[int, int, bool], float]:
+    """CostParts.by_shape from each step's (rows, fed tokens, drafted) and its difference from the line.
+
+    Keyed by rows: a step of 9 tokens in one row (a stream's draft) costs a fraction of one of 9 tokens over 8 rows,
+    and with the token count alone, cheap drafted steps at c1 made every draft at c8 look nearly free (Gemma 3's
+    free text at c8 ran 0.74x its speed without drafts in `corral bench serve`, 2026-12-04). Keyed by drafted or
+    not: a plain step of one row and 2 tokens (a grammar's forced token after the pick) runs its head on one row,
+    while a drafted one runs it on two, apart from the decoder's graph; on Gemma 3 270M through `corral serve`
+    they took 12.3 and 25.5 ms (medians, 2026-12-04), and averaged together they priced the draft near the plain
+    step."""
+    sums: dict[tuple[int, int, bool], float] = {}
+    counts: dict[tuple[int, int, bool], int] = {}
     for shape, value in zip(shapes, residual.tolist(), strict=True):
         sums[shape] = sums.get(shape, 0.0) + value
         counts[shape] = counts.get(shape, 0) + 1
