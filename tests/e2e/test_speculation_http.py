@@ -29,7 +29,7 @@ SCHEMA: dict[str, Any] = {
 def drafting() -> Iterator[RunningServer]:
     with serving(model=MODEL, draft_tokens=8) as running:
         # The tiny model's steps are too cheap to time reliably: drafting always pays here.
-        running.service.engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1)  # type: ignore[attr-defined]
+        running.service.engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1, guess_share=0.01)  # type: ignore[attr-defined]
         yield running
 
 
@@ -81,7 +81,7 @@ def test_a_drafts_value_that_is_no_boolean_is_a_400_naming_it(drafting: RunningS
 
 def test_a_server_started_with_no_draft_tokens_never_drafts() -> None:
     with serving(model=MODEL, draft_tokens=0) as plain:
-        plain.service.engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1)  # type: ignore[attr-defined]
+        plain.service.engine.speculation.cost.parts = lambda: CostParts(10.0, 0.1, 0.1, 0.0, 0.1, guess_share=0.01)  # type: ignore[attr-defined]
         timings = _complete(plain, drafts=True).model_extra["timings"]
     assert timings["draft_tokens"] == 0 and timings["drafts"] == 0
 

@@ -1,12 +1,13 @@
 """The step-cost fit of speculative decoding (corral/server/engine/speculation.py): each decode step's wall time
 as a sum of parts (fixed, per fed token, per dense logit row, per draft place, per row, a head of several rows),
-fitted over recent steps, so a row drafts only as many tokens as pay for what they cost on this machine."""
+fitted over recent steps, and a drafted step's as the step without its guesses plus what a guess was measured to
+add at as many rows, so a row drafts only as many tokens as pay for what they cost on this machine."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +33,11 @@ REFIT_EVERY = 16
 # of 3 172, of 4 146, of 1 90; docs/measured-choices.md#speculation-step-cost), kept per count of rows and
 # apart for drafted steps too (`_staircase`).
 COST_PRIOR = (0.4, 0.15, 0.3, 0.05, 0.05, 0.1)
+# What a guess costs, as a share of the step without drafts, until a drafted step of as many rows is measured: on
+# this project's CPUs a guess cost 0.3-0.9 of a one-row step (docs/speculation.md), so a row whose guesses are kept
+# often tries a draft and measures it; at 8 rows a guess priced at half the batch's step never pays, as there a
+# step is bound by arithmetic already.
+GUESS_PRIOR = 0.5
 PRIOR_WEIGHT = 1.0
 SHAPE_SHRINK = 2.0
 
@@ -63,26 +69,44 @@ class CostParts:
     per_place: float
     per_row: float
     multi_row: float = 0.0  # a head product of more than one row, once per step
-    # {(r, n, drafted): the measured steps of r rows and n fed tokens' mean difference from the line, drafted
-    # steps apart from plain ones}; a shape not measured reads the line alone. Not the nearest measured shape's
-    # difference: on Qwen2.5 a plain step's sits far below a line that prompts pull down to ~8 ms a token, where a
-    # drafted token costs ~30 ms at one row, and read at a draft's shape it priced every draft at the prompts' rate
-    # (free text at c1 ran 0.83x without drafts).
-    by_shape: Mapping[tuple[int, int, bool], float] = field(default_factory=dict)
+    # {(r, n): the measured plain steps of r rows and n fed tokens' mean difference from the line}; a plain shape
+    # not measured reads the line alone. Not the nearest measured shape's difference: on Qwen2.5 a plain step's sits
+    # far below a line that prompts pull down to ~8 ms a token, where a drafted token costs ~30 ms at one row, and
+    # read at a draft's shape it priced every draft at the prompts' rate (free text at c1 ran 0.83x without drafts).
+    by_shape: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    # {r: ms a guess adds to a step of r rows}, from the drafted steps measured at r rows (see `_per_guess`).
+    per_guess: Mapping[int, float] = field(default_factory=dict)
+    # {(r, n): the measured drafted steps' mean difference from that price}, as `by_shape` is for plain steps.
+    drafted_by_shape: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    guess_share: float = GUESS_PRIOR  # a guess's cost at a row count without a measured drafted step
 
     def step_ms(self, shape: StepShape) -> float:
         return self.grown_ms(shape, 0, 0.0)
 
+    def plain_ms(self, rows: int, fed: int, dense: float) -> float:
+        """A step of `rows` rows feeding `fed` tokens, `dense` logit rows over the whole vocabulary, no draft."""
+        ms = (self.fixed + self.per_token * fed + self.per_dense_row * dense + self.per_row * rows
+              + (self.multi_row if dense > 1 else 0.0))
+        return max(float(ms + self.by_shape.get((rows, fed), 0.0)), 0.0)
+
     def grown_ms(self, shape: StepShape, tokens: int, dense_rows: float) -> float:
         """`step_ms(shape.grown(tokens, dense_rows))`, without making the grown shape: every row of every step
         asks this for each draft length it weighs, on the engine thread (spelled out, not `features()`'s
-        dot product, for the same reason)."""
-        fed, dense = shape.tokens + tokens, shape.dense_rows + dense_rows
-        ms = (self.fixed + self.per_token * fed + self.per_dense_row * dense
-              + self.per_place * (shape.draft_places + tokens) + self.per_row * shape.rows
-              + (self.multi_row if dense > 1 else 0.0))
-        ms += self.by_shape.get((shape.rows, fed, shape.draft_places + tokens > 0), 0.0)
-        return max(float(ms), 0.0)
+        dot product, for the same reason).
+
+        A drafted step is priced as the step without its guesses plus each guess at the cost measured for drafted
+        steps of as many rows, not by the line: for plain decode steps the fed tokens, dense rows and rows move
+        together, so the line's split between them is the ridge's guess, and read at a draft's shape it swung
+        between refits from below a draft's cost (Gemma 3's c8 free text fed drafts in 61 ms steps against 45
+        without them) to three times it (Qwen2.5's and Gemma 3's extraction at c1 stopped drafting)."""
+        fed, dense, places = shape.tokens + tokens, shape.dense_rows + dense_rows, shape.draft_places + tokens
+        if not places:
+            return self.plain_ms(shape.rows, fed, dense)
+        base = self.plain_ms(shape.rows, fed - places, max(dense - places, 0.0))
+        guess = self.per_guess.get(shape.rows)
+        if guess is None:  # no drafted step of this many rows measured yet
+            guess = self.guess_share * base
+        return max(base + places * guess + self.drafted_by_shape.get((shape.rows, fed), 0.0), 0.0)
 
 
 class StepCost:
@@ -98,9 +122,18 @@ class StepCost:
         self._drafted: deque[tuple[StepShape, float, int]] = deque(maxlen=COST_WINDOW)
         self._steps = 0  # steps recorded so far: each sample's age is read from it
         self._fit: tuple[int, CostParts] | None = None  # the last fit and the step it was made at
+        self._seen: set[tuple[int, int, bool]] = set()  # the shapes whose first step has run
 
     def record(self, shape: StepShape, ms: float) -> None:
         self._steps += 1
+        key = (shape.rows, shape.tokens, shape.draft_places > 0)
+        if key not in self._seen:
+            # A shape's first step builds its graphs (the decoder's for its token count, the head's for its rows):
+            # on Gemma 3 270M at one row drafted steps of 2, 3 and 4 guesses took 54, 61 and 89 ms the first time
+            # and 31, 33 and 48 after. Counted, one such step priced every guess at 2-3 times its cost, and the
+            # rows stopped drafting before a warm step was measured.
+            self._seen.add(key)
+            return
         if shape.draft_places and not self._drafted:  # the first drafted step replaces the prior's guess at once
             self._fit = None
         (self._drafted if shape.draft_places else self._plain).append((shape, ms, self._steps))
@@ -125,22 +158,42 @@ class StepCost:
                             0.01 * prior)
         residual = times - features @ fitted
         fixed, per_token, per_dense_row, per_place, per_row, multi_row = (float(v) for v in fitted)
-        return CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
-                         _staircase([(s.rows, s.tokens, s.draft_places > 0) for s, _ in steps], residual))
+        plain = [i for i, (s, _) in enumerate(steps) if not s.draft_places]
+        line = CostParts(fixed, per_token, per_dense_row, per_place, per_row, multi_row,
+                         _staircase([(steps[i][0].rows, steps[i][0].tokens) for i in plain], residual[plain]))
+        return _with_drafted(line, [(s, ms) for s, ms in steps if s.draft_places])
 
 
-def _staircase(shapes: list[tuple[int, int, bool]], residual: np.ndarray) -> dict[tuple[int, int, bool], float]:
-    """CostParts.by_shape from each step's (rows, fed tokens, drafted) and its difference from the line.
+def _with_drafted(line: CostParts, drafted: list[tuple[StepShape, float]]) -> CostParts:
+    """`line` with what drafted steps cost over the step without their guesses: per guess, by count of rows (the
+    sum of the steps' excess over their guesses'; a row count without a drafted step reads GUESS_PRIOR), and each
+    measured drafted shape's difference from that."""
+    bases = [line.plain_ms(s.rows, s.tokens - s.draft_places, max(s.dense_rows - s.draft_places, 0.0))
+             for s, _ in drafted]
+    excess: dict[int, float] = {}
+    guesses: dict[int, int] = {}
+    for (shape, ms), base in zip(drafted, bases, strict=True):
+        excess[shape.rows] = excess.get(shape.rows, 0.0) + ms - base
+        guesses[shape.rows] = guesses.get(shape.rows, 0) + shape.draft_places
+    per_guess = {rows: max(total / guesses[rows], 0.0) for rows, total in excess.items()}
+    residual = np.array([ms - base - s.draft_places * per_guess[s.rows]
+                         for (s, ms), base in zip(drafted, bases, strict=True)])
+    return replace(line, per_guess=per_guess,
+                   drafted_by_shape=_staircase([(s.rows, s.tokens) for s, _ in drafted], residual))
+
+
+def _staircase(shapes: list[tuple[int, int]], residual: np.ndarray) -> dict[tuple[int, int], float]:
+    """Each (rows, fed tokens)'s mean difference from the price, shrunk towards none by SHAPE_SHRINK steps' worth.
 
     Keyed by rows: a step of 9 tokens in one row (a stream's draft) costs a fraction of one of 9 tokens over 8 rows,
     and with the token count alone, cheap drafted steps at c1 made every draft at c8 look nearly free (Gemma 3's
-    free text at c8 ran 0.74x its speed without drafts in `corral bench serve`, 2026-12-04). Keyed by drafted or
-    not: a plain step of one row and 2 tokens (a grammar's forced token after the pick) runs its head on one row,
-    while a drafted one runs it on two, apart from the decoder's graph; on Gemma 3 270M through `corral serve`
-    they took 12.3 and 25.5 ms (medians, 2026-12-04), and averaged together they priced the draft near the plain
-    step."""
-    sums: dict[tuple[int, int, bool], float] = {}
-    counts: dict[tuple[int, int, bool], int] = {}
+    free text at c8 ran 0.74x its speed without drafts in `corral bench serve`, 2026-12-04). Plain and drafted
+    steps keep staircases apart: a plain step of one row and 2 tokens (a grammar's forced token after the pick)
+    runs its head on one row, a drafted one on two, apart from the decoder's graph; on Gemma 3 270M through
+    `corral serve` they took 12.3 and 25.5 ms (medians, 2026-12-04), and under one key they priced the draft near
+    the plain step."""
+    sums: dict[tuple[int, int], float] = {}
+    counts: dict[tuple[int, int], int] = {}
     for shape, value in zip(shapes, residual.tolist(), strict=True):
         sums[shape] = sums.get(shape, 0.0) + value
         counts[shape] = counts.get(shape, 0) + 1
