@@ -189,6 +189,19 @@ def test_each_row_drafts_only_as_far_as_it_pays() -> None:
     assert counts.rate > 0.45  # evidence ages: a row that drafted badly tries again later
 
 
+def _record(cost: StepCost, times: int, *steps: tuple[StepShape, float]) -> None:
+    """Each (shape, ms) recorded `times` times over, in turn."""
+    for _ in range(times):
+        for shape, ms in steps:
+            cost.record(shape, ms)
+
+
+def _recorded(times: int, *steps: tuple[StepShape, float]) -> StepCost:
+    cost = StepCost()
+    _record(cost, times, *steps)
+    return cost
+
+
 def test_step_cost_fit_reads_each_part_of_a_step() -> None:
     cost = StepCost()
     for tokens in range(1, 9):
@@ -214,12 +227,8 @@ def test_a_draft_is_priced_from_the_step_without_it_and_what_a_guess_was_measure
     tell which part costs what) and drafted steps of one row only, as in Gemma 3's extraction through `corral
     serve`. A draft length not measured at one row costs the plain step plus its guesses at the measured rate; at 8
     rows, where no drafted step was measured, each guess is priced at GUESS_PRIOR of the step, so no draft pays."""
-    cost = StepCost()
-    for _ in range(60):
-        cost.record(StepShape(1, 1, 0, 1), 13.6)
-        cost.record(StepShape(8, 8, 0, 8), 46.0)
-    for _ in range(6):
-        cost.record(StepShape(3, 3, 2, 1), 30.0)
+    cost = _recorded(60, (StepShape(1, 1, 0, 1), 13.6), (StepShape(8, 8, 0, 8), 46.0))
+    _record(cost, 6, (StepShape(3, 3, 2, 1), 30.0))
     parts = cost.parts()
     assert parts.per_guess[1] == pytest.approx(8.2, rel=0.05)
     assert parts.step_ms(StepShape(5, 5, 4, 1)) == pytest.approx(13.6 + 4 * 8.2, rel=0.05)
@@ -297,12 +306,8 @@ def test_a_shapes_first_step_which_built_its_graphs_is_not_its_cost() -> None:
 def test_step_cost_remembers_what_drafts_cost_after_many_steps_without_one() -> None:
     """Where a fed token costs a whole step (Qwen2.5 on 2 AMD EPYC cores), a few drafted steps teach the fit so; a
     few requests without drafts (hundreds of plain steps) must not make it forget and draft at a loss again."""
-    cost = StepCost()
-    for _ in range(6):
-        cost.record(StepShape(2, 2, 1, 1), 200.0)
-        cost.record(StepShape(3, 3, 2, 1), 300.0)
-    for _ in range(1000):
-        cost.record(StepShape(1, 1, 0, 1), 100.0)
+    cost = _recorded(6, (StepShape(2, 2, 1, 1), 200.0), (StepShape(3, 3, 2, 1), 300.0))
+    _record(cost, 1000, (StepShape(1, 1, 0, 1), 100.0))
     parts = cost.parts()
     assert parts.step_ms(StepShape(1, 1, 0, 1)) == pytest.approx(100.0, rel=0.05)
     assert parts.step_ms(StepShape(2, 2, 1, 1)) == pytest.approx(200.0, rel=0.1)
