@@ -191,8 +191,19 @@ def test_kinds_send_their_regex_grammar_or_choice_through_structured_outputs() -
     assert csv["structured_outputs"]["grammar"].startswith("start: row") and "ignore_eos" not in csv
     free = request_body(cases["regex/date"], constrained=False, max_tokens=16, backend="auto")
     assert free["ignore_eos"] is True and "structured_outputs" not in free
-    with pytest.raises(ValueError, match="structured_outputs only"):
+    with pytest.raises(ValueError, match="sent as structured_outputs or, a regex, as grammar"):
         request_body(cases["regex/date"], constrained=True, max_tokens=16, backend=None, constraint="json_schema")
+    # llama-server takes no regex field: its `grammar` gets the regex written as GBNF.
+    gbnf = request_body(cases["regex/date"], constrained=True, max_tokens=16, backend=None, constraint="grammar")
+    assert gbnf["grammar"] == 'root ::= [0-9]{4} "-" [0-9]{2} "-" [0-9]{2}\n' and "structured_outputs" not in gbnf
+    with pytest.raises(ValueError, match="carries regexes only"):
+        request_body(cases["choice/3 choices"], constrained=True, max_tokens=16, backend=None, constraint="grammar")
+    with pytest.raises(ValueError, match="carries regexes only"):
+        ServeBenchConfig(data=SAMPLE, out=Path("x"), kinds=("regex", "choice"), baseline=False,
+                         peer_constraint="grammar")
+    with pytest.raises(ValueError, match="carries regexes only"):
+        ServeBenchConfig(data=SAMPLE, out=Path("x"), baseline=False, peer_constraint="grammar")
+    ServeBenchConfig(data=SAMPLE, out=Path("x"), kinds=("regex",), baseline=False, peer_constraint="grammar")
     with pytest.raises(ValueError, match="--kinds takes"):
         kind_cases(("regexes",))
     with pytest.raises(ValueError, match="--no-baseline"):

@@ -50,8 +50,8 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         peer.add_argument("--peer-constraint", choices=CONSTRAINT_FIELDS, default="structured_outputs",
                           help="how constrained requests ask the peer for the schema: structured_outputs: {json: "
                           "schema} (current vLLM), guided_json: schema (older vLLM; 0.32 silently ignores it), "
-                          "OpenAI's response_format json_schema, or json_schema: schema (llama.cpp's llama-server) "
-                          "(default structured_outputs)")
+                          "OpenAI's response_format json_schema, json_schema: schema (llama.cpp's llama-server), or "
+                          "grammar: a --kinds regex written as GBNF (llama-server) (default structured_outputs)")
         peer.add_argument("--peer-api-key", default=None, metavar="KEY", help="bearer token for the peer")
 
 

@@ -83,7 +83,7 @@ def messages(case: BenchCase) -> list[dict[str, str]]:
     return [{"role": "user", "content": text[:500]}]
 
 
-CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format", "json_schema")
+CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "response_format", "json_schema", "grammar")
 
 
 SO_KEYS = {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar", GrammarKind.LARK: "grammar",
@@ -92,13 +92,21 @@ SO_KEYS = {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar", GrammarKind.
 
 def constraint_fields(case: BenchCase, field: str, backend: str | None) -> dict[str, Any]:
     """The body fields that ask for `case`'s constraint: corral's and vLLM's `structured_outputs` (with
-    `backend` when given; the only field for a regex, grammar or choice), vLLM's older `guided_json`, OpenAI's
-    `response_format` json_schema, or llama.cpp llama-server's own top-level `json_schema`."""
+    `backend` when given; a grammar or choice is sent so only), vLLM's older `guided_json`, OpenAI's
+    `response_format` json_schema, llama.cpp llama-server's own top-level `json_schema`, or llama-server's
+    `grammar` (GBNF: a regex written as one, corral/benchmarks/serve/regex_gbnf.py)."""
     if field not in CONSTRAINT_FIELDS:
         raise ValueError(f"constraint field must be one of {', '.join(CONSTRAINT_FIELDS)}, got {field!r}")
+    if field == "grammar":
+        if not isinstance(case, SpecCase) or case.spec.kind is not GrammarKind.REGEX:
+            raise ValueError("the grammar field (llama-server's GBNF) carries regexes only")
+        from corral.benchmarks.serve.regex_gbnf import regex_to_gbnf
+
+        return {"grammar": regex_to_gbnf(case.spec.source)}
     if isinstance(case, SpecCase):
         if field != "structured_outputs":
-            raise ValueError(f"a {case.spec.kind.value} constraint is sent as structured_outputs only, not {field}")
+            raise ValueError(f"a {case.spec.kind.value} constraint is sent as structured_outputs or, a regex, as "
+                             f"grammar, not {field}")
         spec = case.spec
         value: Any = spec.choices() if spec.kind is GrammarKind.CHOICE else spec.source
         return {"structured_outputs": {SO_KEYS[spec.kind]: value, **({"backend": backend} if backend else {})}}
