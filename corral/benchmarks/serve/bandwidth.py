@@ -97,10 +97,10 @@ def bandwidth_line(section: dict[str, Any]) -> str:
         held = f"{quantization} quantization, {held} elsewhere"
     line = (f"read bandwidth {section['read_gb_s']} GB/s, weights {section['weight_bytes'] / 1e6:.1f} MB "
             f"({held}): TPOT floor {section['limit_ms_per_token']:.2f} ms")
-    for side, label in (("corral", "corral"), ("peer", "peer")):
+    for side in ("corral", "peer"):
         rows = section.get("windows", {}).get(side) or {}
         if rows:
-            line += f"; {label} TPOT p50 at concurrency 1 = " + ", ".join(
+            line += f"; {side} TPOT p50 at concurrency 1 = " + ", ".join(
                 f"{mode} {row['over_limit']:.2f}x ({row['tpot_ms_p50']:.1f} ms over {row['limit_ms']:.1f} ms at "
                 f"{row['read_gb_s']:.1f} GB/s)" for mode, row in rows.items())
     return line

@@ -54,14 +54,11 @@ class ServeBenchConfig(ServerBenchConfig):
             kind_cases(self.kinds)  # names checked here, before anything starts
             if self.baseline:
                 raise ValueError("the baseline times JSON Schemas only: add --no-baseline to --kinds")
-            if self.peer_constraint == "grammar" and self.kinds != ("regex",):
-                raise ValueError("--peer-constraint grammar (llama-server's GBNF) carries regexes only: "
-                                 "use it with --kinds regex")
             if self.peer_constraint not in ("structured_outputs", "grammar"):
                 raise ValueError("--kinds asks a peer through structured_outputs (vLLM's) or, for regexes, "
                                  f"grammar (llama-server's); --peer-constraint {self.peer_constraint} carries JSON "
                                  "Schemas only")
-        elif self.peer_constraint == "grammar":
+        if self.peer_constraint == "grammar" and self.kinds != ("regex",):
             raise ValueError("--peer-constraint grammar (llama-server's GBNF) carries regexes only: "
                              "use it with --kinds regex")
         if self.peer_constraint not in CONSTRAINT_FIELDS:

@@ -74,7 +74,7 @@ class CostParts:
     # far below a line that prompts pull down to ~8 ms a token, where a drafted token costs ~30 ms at one row, and
     # read at a draft's shape it priced every draft at the prompts' rate (free text at c1 ran 0.83x without drafts).
     by_shape: Mapping[tuple[int, int], float] = field(default_factory=dict)
-    # {r: ms a guess adds to a step of r rows}, from the drafted steps measured at r rows (see `_per_guess`).
+    # {r: ms a guess adds to a step of r rows}, from the drafted steps measured at r rows (see `_with_drafted`).
     per_guess: Mapping[int, float] = field(default_factory=dict)
     # {(r, n): the measured drafted steps' mean difference from that price}, as `by_shape` is for plain steps.
     drafted_by_shape: Mapping[tuple[int, int], float] = field(default_factory=dict)
