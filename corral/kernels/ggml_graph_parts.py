@@ -19,12 +19,11 @@ ROPE_NORMAL = 0  # adjacent pairs: a `llama` GGUF, whose q/k rows llama.cpp's co
 
 class GraphWeight(Protocol):
     """A weight as a graph multiplies it: a ggml tensor [in_features, out_features] (a row kernel's, or a GGUF's
-    over its memory map)."""
+    over its memory map), which may depend on the product's rows (a GGUF's repacked weight or its own blocks)."""
 
     @property
-    def ggml_weight(self) -> Any: ...
-    @property
     def out_features(self) -> int: ...
+    def for_rows(self, rows: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,8 @@ class GraphContext:
         """x times each kernel's weight, the outputs stacked in order (as one weight of their rows would give)."""
         g = self.ggml
         each = kernels if isinstance(kernels, tuple) else (kernels,)
-        outputs = [g.ggml_mul_mat(self.ctx, k.ggml_weight, x) for k in each]
+        rows = int(x.contents.ne[1])
+        outputs = [g.ggml_mul_mat(self.ctx, k.for_rows(rows), x) for k in each]
         y = outputs[0]
         for more in outputs[1:]:
             y = g.ggml_concat(self.ctx, y, more, 0)

@@ -147,6 +147,13 @@ class StepGraphs:
         self._graphs[key] = graph
         return graph
 
+    def drop_kept(self) -> None:
+        """Free the kept graphs: their products chose their weights when built (after `GgufFile.settle_wide_rows`
+        the next ones may choose others)."""
+        for graph in self._graphs.values():
+            graph.free()
+        self._graphs, self._graphs_cache = {}, ()
+
     def __del__(self) -> None:
         for graph in getattr(self, "_graphs", {}).values():
             graph.free()

@@ -261,6 +261,10 @@ class RowKernel:
         """The fp16 weight as a ggml tensor [in_features, out_features], for graphs that multiply by it."""
         return self._weight
 
+    def for_rows(self, rows: int) -> Any:
+        """The weight a graph's product of `rows` rows multiplies by: the same for any rows."""
+        return self._weight
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, out_features] float32 for x [rows, in_features] (or, for `input_blocks`, x's Q8_0 bytes), on as
         many threads as torch uses here."""

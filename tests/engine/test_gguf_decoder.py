@@ -152,8 +152,8 @@ def test_a_dense_step_ends_its_graph_in_the_head_with_the_same_logits(written: t
 
 def test_weights_stay_in_the_files_mapping_or_are_repacked_once(written: tuple[Any, Any]) -> None:
     """Every weight ggml multiplies lies inside the file's memory map, except those repacked for ggml's GEMM
-    kernels (on AVX2 the Q4_0 ones here), which replace the file's pages: nothing converted to float, nothing
-    held twice."""
+    kernels (on AVX2 the Q4_0 ones here), whose blocks stay where they lie for products of many rows
+    (wide_rows.py): nothing converted to float."""
     decoder, _ = written
     file = decoder.file
     base, end = int(file._map.ctypes.data), int(file._map.ctypes.data) + file._map.size
@@ -165,6 +165,7 @@ def test_weights_stay_in_the_files_mapping_or_are_repacked_once(written: tuple[A
         if base <= pointer < end:
             continue
         assert file.info(name).ggml_type == 2 and name.startswith("blk.")  # Q4_0 layer weights only
+        assert int(file.weight(name).blocks.contents.data) == base + file.info(name).offset
         repacked += file.nbytes(name)
     assert repacked == file.repacked_bytes
     if file.repacked_bytes:

@@ -33,6 +33,7 @@ from corral.server.models.decoder_config import DecoderShape, decoder_shape, rop
 from corral.server.models.gguf_file import GgufFile, GGUFTensorError, MappedWeight
 from corral.server.models.repack_check import repacked_agree
 from corral.server.models.repack_verdicts import read_verdict, write_verdict
+from corral.server.models.wide_rows import settle_wide_rows
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
     """The decoder over `path`'s blocks; ValueError (GGUFTensorError) where the file does not fit the config.
     Weights ggml repacks are kept so only where a probe prompt shows them right on this CPU (repack_check.py):
     every layer weight, else the MLP's alone, else none. A verdict is probed once per file, CPU and ggml build
-    (repack_verdicts.py)."""
+    (repack_verdicts.py). Products of many rows may take the file's own blocks instead (wide_rows.py)."""
     version = ggml_version()
     if version and version[:2] < LLAMA_CPP_GGML:
         log.warning("ggml %s is older than llama.cpp's (%s): prompts through K-quant weights run slower; build it as "
@@ -251,6 +252,8 @@ def load_gguf_decoder(path: Path, config: Any, arch: str) -> GgufDecoder:
                     ", ".join(parts), path.name, gap)
             if plain is not None:
                 plain.file.close()
+            settle_wide_rows(decoder.file)  # after the probe, which must see the repacked weights
+            decoder.graphs.drop_kept()
             return decoder
         _warn_wrong(parts, path, gap)
         decoder.file.close()

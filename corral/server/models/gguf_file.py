@@ -65,9 +65,21 @@ class GGUFTensorError(ValueError):
     """The file lacks a tensor or holds one of another shape or type than the model needs."""
 
 
+class WideRows:
+    """From how many rows a product takes a repacked weight's own blocks instead of its repacked copy (None:
+    never), one choice per file (`GgufFile.settle_wide_rows`). ggml's tiled K-quant kernels multiply many rows by
+    a file's own blocks faster than its repacked kernels do on some CPUs (an AMD EPYC: Qwen2.5 1.5B's 512-token
+    prompt 1.7x as fast), while one row is faster repacked; a graph asks for its product's rows when it is built."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+
+
 @dataclass(frozen=True)
 class MappedWeight:
-    """A weight as ggml multiplies it: a tensor over the mapping [in_features, out_features] (ggml's order)."""
+    """A weight as ggml multiplies it: a tensor over the mapping [in_features, out_features] (ggml's order), or
+    a repacked copy of it (`blocks` then keeps the tensor over the mapping, for products of `wide.start` rows and
+    more)."""
 
     name: str
     ggml_weight: Any
@@ -75,6 +87,15 @@ class MappedWeight:
     in_features: int
     out_features: int
     nbytes: int
+    blocks: Any = None
+    wide: WideRows | None = None
+
+    def for_rows(self, rows: int) -> Any:
+        """The tensor a product of `rows` rows multiplies by."""
+        start = self.wide.start if self.wide is not None else None
+        if self.blocks is not None and start is not None and rows >= start:
+            return self.blocks
+        return self.ggml_weight
 
 
 class GgufFile:
@@ -101,6 +122,7 @@ class GgufFile:
         if not self._ctx:
             raise MemoryError("ggml could not allocate the descriptions of the file's tensors")
         self._weights: dict[str, MappedWeight] = {}
+        self.wide_rows = WideRows()
 
     def __contains__(self, name: str) -> bool:
         return name in self.index
@@ -127,19 +149,22 @@ class GgufFile:
         nbytes = self.nbytes(name)
         if info.offset + nbytes > self._map.size:
             raise GGUFTensorError(f"{name} runs past the end of {self.path.name} (a truncated file?)")
-        tensor = self._ggml.ggml_new_tensor_2d(self._ctx, info.ggml_type, in_features, out_features)
-        tensor.contents.data = ctypes.c_void_p(self._base + info.offset)
-        made = MappedWeight(name, tensor, info.ggml_type, in_features, out_features, nbytes)
+        made = MappedWeight(name, self._mapped_tensor(info), info.ggml_type, in_features, out_features, nbytes)
         self._weights[name] = made
         return made
+
+    def _mapped_tensor(self, info: TensorInfo) -> Any:
+        tensor = self._ggml.ggml_new_tensor_2d(self._ctx, info.ggml_type, info.dims[0], info.dims[1])
+        tensor.contents.data = ctypes.c_void_p(self._base + info.offset)
+        return tensor
 
     def repack(self, names: Iterable[str]) -> int:
         """Repack the named weights that ggml's CPU kernels take in an interleaved layout on this CPU (on AVX2: Q4_0,
         Q4_K, IQ4_NL with rows in multiples of 8) into a buffer of that layout, as llama.cpp does at load: their
         products then run ggml's GEMM/GEMV kernels for it (faster prompts and steps on Qwen2.5 1.5B; measured:
-        docs/measured-choices.md#gguf-repacking). The file's pages of those weights are released
-        from this process (the copy replaces them, the memory stays one weight's worth). Returns the bytes
-        repacked; 0 where ggml offers no such layout. Call before `weight` hands the weights out."""
+        docs/measured-choices.md#gguf-repacking). Each keeps its tensor over the file's blocks beside it until
+        `settle_wide_rows` says whether products of many rows take those. Returns the bytes repacked; 0 where ggml
+        offers no such layout. Call before `weight` hands the weights out."""
         kind = repack_buffer_type()
         wanted = [n for n in names if self._repackable(n)] if kind is not None else []
         if not wanted:
@@ -164,11 +189,27 @@ class GgufFile:
                 continue
             info, nbytes = self.info(name), self.nbytes(name)
             _tensor_set(tensor, self._base + info.offset, nbytes)
-            self._weights[name] = MappedWeight(name, tensor, info.ggml_type, info.dims[0], info.dims[1], nbytes)
-            self._release(info.offset, nbytes)
+            self._weights[name] = MappedWeight(name, tensor, info.ggml_type, info.dims[0], info.dims[1], nbytes,
+                                               blocks=self._mapped_tensor(info), wide=self.wide_rows)
             total += nbytes
         self.repacked_bytes += total
         return total
+
+    def settle_wide_rows(self, start: int | None) -> None:
+        """Products of `start` rows and more take the repacked weights' own blocks (None: none do). With none, the
+        file's pages of those weights are released from this process: the copy replaces them, and the memory
+        stays one weight's worth; else both are kept (the blocks are read only by steps that wide)."""
+        self.wide_rows.start = start
+        if start is not None:
+            return
+        for weight in self._weights.values():
+            if weight.blocks is not None:
+                info = self.info(weight.name)
+                self._release(info.offset, weight.nbytes)
+
+    def repacked_names(self) -> list[str]:
+        """The weights repacked (each with its blocks beside it)."""
+        return [name for name, weight in self._weights.items() if weight.blocks is not None]
 
     def _repackable(self, name: str) -> bool:
         info = self.index.get(name)
