@@ -79,7 +79,9 @@ def test_a_forced_tool_call_names_the_city(qwen: RunningServer, tool_choice: Any
 def test_the_tools_result_is_answered_in_words(qwen: RunningServer) -> None:
     """The two-turn loop: the call, the tool's result fed back as a `tool` message, the second turn in words.
     The system message asks for it: without one this 1.5B model writes the call again as text in the second
-    turn, through llama-server on the same file too (docs/tools.md)."""
+    turn, through llama-server on the same file too (docs/tools.md). Whether its sentence names the city is a
+    near-tie for this model: "The weather in Oslo is sunny..." or the result itself, "Sunny, 21 °C.", by the
+    products' rounding (a prompt through the file's blocks or its repacked copy)."""
     client = _client(qwen)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. When a tool's result comes back, answer the "
@@ -93,7 +95,7 @@ def test_the_tools_result_is_answered_in_words(qwen: RunningServer) -> None:
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], temperature=0)
     choice = second.choices[0]
     assert choice.finish_reason == "stop" and not choice.message.tool_calls
-    assert "21" in choice.message.content and "Oslo" in choice.message.content
+    assert "21" in choice.message.content and "get_weather" not in choice.message.content
 
 
 def test_under_auto_the_model_calls_a_tool_or_answers_in_words(qwen: RunningServer) -> None:

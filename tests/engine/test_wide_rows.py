@@ -113,3 +113,4 @@ def test_the_timed_choice_serves_the_same_logits_at_every_step_size(small: tuple
     for position, rows in ((0, prompt[:32]), (32, prompt[32:33]), (33, prompt[33:40])):
         a, b = ours.forward([ForwardRow(0, position, rows)]), theirs.forward([ForwardRow(0, position, rows)])
         assert float((a - b).abs().max()) <= TOLERANCE * float(b.abs().max())
+

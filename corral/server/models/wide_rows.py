@@ -25,24 +25,29 @@ from corral.server.models.gguf_file import GgufFile, MappedWeight
 log = logging.getLogger(__name__)
 
 ROWS_TRIED = (8, 16, 32, 64, 128)
-REPEATS = 5
+BATCHES = 5
+BATCH_SECONDS = 0.004  # a batch repeats the product for at least this long: small weights' products take ~0.1 ms
 # The blocks must be this much faster to be chosen: a shared CPU's noise must not flip a step's weights.
 MARGIN = 0.9
 
 
 def _best_ms(kernel: RowKernel, rows: int, in_features: int) -> float:
+    """The product's time, the mean over a batch of repeats, the best of BATCHES batches."""
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    start = time.perf_counter()
     kernel(x)  # the first product of a shape pays for its plan and cold caches
+    repeats = max(1, int(BATCH_SECONDS / max(time.perf_counter() - start, 1e-6)))
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(BATCHES):
         start = time.perf_counter()
-        kernel(x)
-        best = min(best, time.perf_counter() - start)
+        for _ in range(repeats):
+            kernel(x)
+        best = min(best, (time.perf_counter() - start) / repeats)
     return 1e3 * best
 
 
 def timed_rows(weight: MappedWeight, rows_tried: tuple[int, ...] = ROWS_TRIED) -> list[tuple[int, float, float]]:
-    """(rows, ms repacked, ms from the blocks) for each row count tried, best of REPEATS."""
+    """(rows, ms repacked, ms from the blocks) for each row count tried."""
     assert weight.blocks is not None
     blocks = dataclasses.replace(weight, ggml_weight=weight.blocks, blocks=None, wide=None)
     repacked_kernel = RowKernel(weight, max_rows=max(rows_tried))
