@@ -48,6 +48,19 @@ def q8_0_blocks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return raw.reshape(rows, -1), (codes * step[..., None]).reshape(rows, width)
 
 
+def ggml_q8_0_blocks(values: torch.Tensor) -> torch.Tensor:
+    """values [R, K] (K a multiple of 32) in Q8_0 blocks [R, K/32·34] as ggml's CPU quantizer writes a product's
+    input on x86 (each value times 127/amax in float32, rounded to nearest even; the step amax/127 in fp16), so a
+    product handed these blocks sums what one handed the floats does."""
+    rows, width = values.shape
+    grouped = values.float().reshape(rows, width // BLOCK, BLOCK)
+    peak = grouped.abs().amax(dim=2)
+    inverse = torch.where(peak > 0, 127.0 / torch.where(peak > 0, peak, 1.0), 0.0)
+    codes = torch.round(grouped * inverse[..., None]).to(torch.int8)
+    scale = (peak / 127.0).half()
+    return torch.cat([scale.view(torch.uint8).view(rows, -1, 2), codes.view(torch.uint8)], dim=2).reshape(rows, -1)
+
+
 class BlockScreen:
     """The Q8_0 screen of one fp16 head [vocab, in_features] (its weights as the fp16 head holds them), for one
     row at a time. Its attributes mean what `head_screen.Screen` says."""

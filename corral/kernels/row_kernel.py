@@ -62,6 +62,7 @@ if _ggml is not None:  # ggml writes to stderr unless given a callback; kept ref
 
 LAYER_MAX_ROWS = 16  # a decoder layer's products: ggml up to this many rows (tokens in the step), fbgemm past it
 _STATUS_SUCCESS = 0
+_BLOCK = 32  # values in a Q8_0 block: a product's input rows lie this many values apart (RowKernel dot_products)
 # ggml's runtime is process-wide and its compute is not re-entrant: one call at a time (the engine thread's).
 # Re-entrant: a row kernel holds it across its shared input/output buffers and the compute inside.
 _compute_lock = threading.RLock()
@@ -162,19 +163,27 @@ class _Shape:
     """The graph for one number of rows: its input and output in ggml's memory, seen as torch tensors, and
     its plans."""
 
-    def __init__(self, weight: Any, in_features: int, out_features: int, rows: int, input_type: int) -> None:
-        size = (in_features + out_features) * rows * 4 + 3 * _ggml.ggml_tensor_overhead() + _ggml.ggml_graph_overhead()
+    def __init__(
+        self, weight: Any, in_features: int, out_features: int, rows: int, input_type: int, apart: bool = False
+    ) -> None:
+        """apart: the input's rows of blocks lie one block apart (see RowKernel's dot_products)."""
+        gap = _BLOCK if apart else 0
+        size = (in_features + gap + out_features) * rows * 4 + 4 * _ggml.ggml_tensor_overhead()
+        size += _ggml.ggml_graph_overhead()
         self.ctx: Any = _ggml.ggml_init(_ggml.ggml_init_params(mem_size=size + 4096, mem_buffer=None, no_alloc=False))
         if not self.ctx:
             raise MemoryError(f"ggml could not allocate {size} bytes for a {rows}-row product")
-        ggml_input = _ggml.ggml_new_tensor_2d(self.ctx, input_type, in_features, rows)
-        ggml_output = _ggml.ggml_mul_mat(self.ctx, weight, ggml_input)  # the weight lives in the kernel's context
+        ggml_input = _ggml.ggml_new_tensor_2d(self.ctx, input_type, in_features + gap, rows)
         if input_type == _ggml.GGML_TYPE_F32:
             self.input = torch.from_numpy(_ggml_utils.to_numpy(ggml_input)).view(rows, in_features)
         else:  # the input's blocks as raw bytes, one row of blocks per input row
             row_bytes = int(_ggml.ggml_row_size(input_type, in_features))
-            raw = (ctypes.c_uint8 * (row_bytes * rows)).from_address(_ggml.ggml_get_data(ggml_input))
-            self.input = torch.frombuffer(raw, dtype=torch.uint8).view(rows, row_bytes)
+            stride = int(_ggml.ggml_row_size(input_type, in_features + gap))
+            raw = (ctypes.c_uint8 * (stride * rows)).from_address(_ggml.ggml_get_data(ggml_input))
+            self.input = torch.frombuffer(raw, dtype=torch.uint8).view(rows, stride)[:, :row_bytes]
+            if gap:
+                ggml_input = _ggml.ggml_view_2d(self.ctx, ggml_input, in_features, rows, stride, 0)
+        ggml_output = _ggml.ggml_mul_mat(self.ctx, weight, ggml_input)  # the weight lives in the kernel's context
         self._output = ggml_output.contents  # its data pointer is each call's own result tensor (`product`)
         self.rows, self.out_features = rows, out_features
         graph = _ggml.ggml_new_graph(self.ctx)
@@ -214,20 +223,28 @@ class RowKernel:
     ggml contexts: the weight's, and one small one per number of rows it has served."""
 
     def __init__(
-        self, weight: torch.Tensor | QuantBlocks | GgmlWeight, max_rows: int = 1, input_blocks: bool = False
+        self, weight: torch.Tensor | QuantBlocks | GgmlWeight, max_rows: int = 1, input_blocks: bool = False,
+        dot_products: bool = False,
     ) -> None:
         """weight: a float weight [out_features, in_features], held in fp16; or a GGUF's quantized blocks,
         held as they are (ggml then rounds the input to its 8-bit dot-product type, as llama.cpp does); or a
         tensor ggml holds already, used where it lies. input_blocks: Q8_0 weights take their input already in
         Q8_0 blocks (raw bytes [rows, row bytes]), as the caller rounded it, instead of float32 for ggml to
-        round."""
+        round. dot_products (with input_blocks): the input's rows lie one block apart in ggml's memory, which
+        llamafile's tiles do not take, so ggml multiplies with its own dot product per row and column: faster
+        for 3-9 rows of Gemma 3's head on an AMD EPYC (docs/measured-choices.md#q8_0-products-of-few-rows)."""
         if _ggml is None or _ggml_utils is None:
             raise RuntimeError("the ggml package is not installed (pip install 'corral[ggml]')")
+        if dot_products and not input_blocks:
+            raise ValueError("dot_products takes the input as blocks (input_blocks)")
         self._shapes: dict[int, _Shape] = {}
         self._ctx: Any = None  # the weight's own context (none for a weight ggml already holds)
+        self._apart = dot_products
         if not isinstance(weight, torch.Tensor | QuantBlocks):
             self.out_features, self.in_features, self.max_rows = weight.out_features, weight.in_features, max_rows
-            self._input_type = _ggml.GGML_TYPE_F32
+            if input_blocks and weight.ggml_type != _ggml.GGML_TYPE_Q8_0:
+                raise ValueError("only Q8_0 weights take their input as blocks")
+            self._input_type = _ggml.GGML_TYPE_Q8_0 if input_blocks else _ggml.GGML_TYPE_F32
             self._weight = weight.ggml_weight
             return
         if isinstance(weight, QuantBlocks):
@@ -276,7 +293,7 @@ class RowKernel:
             shape = self._shapes.get(rows)
             if shape is None:
                 shape = self._shapes[rows] = _Shape(self._weight, self.in_features, self.out_features, rows,
-                                                     self._input_type)
+                                                     self._input_type, self._apart)
             shape.input.copy_(x)
             return shape.product(threads)
 
