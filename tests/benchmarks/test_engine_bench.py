@@ -35,3 +35,8 @@ def test_engine_bench_reports_each_mode_and_level(tmp_path: Path) -> None:
 def test_engine_bench_refuses_bad_arguments(tmp_path: Path) -> None:
     done = _bench("--data", str(SAMPLE_BENCH), "--modes", "fast", "--out", str(tmp_path))
     assert done.returncode == 2 and "--modes" in done.stdout
+
+
+def test_engine_bench_names_a_model_it_cannot_load(tmp_path: Path) -> None:
+    done = _bench("--data", str(SAMPLE_BENCH), "--model", "no-such-model", "--out", str(tmp_path))
+    assert done.returncode == 2 and "no-such-model" in done.stdout

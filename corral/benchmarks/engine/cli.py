@@ -29,6 +29,9 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         p.add_argument("--max-tokens", type=int, default=64, metavar="N",
                        help="max_tokens per request (default 64)")
         p.add_argument("--modes", default=",".join(MODES), help="constrained and/or unconstrained (default both)")
+        p.add_argument("--model", default="corral-tiny", metavar="NAME",
+                       help="a built-in model, checkpoint directory or .gguf, loaded with the server's defaults "
+                       "(default corral-tiny, the tiny random model)")
 
 
 def run_engine(args: argparse.Namespace, bench: Bench) -> int:
@@ -50,15 +53,19 @@ def run_engine(args: argparse.Namespace, bench: Bench) -> int:
     from corral.grammar_engines.protocol import TokenizerSpec
     from corral.grammar_engines.registry import BackendSet
     from corral.server.models import load_model
-    from corral.server.settings import default_cpu_threads
+    from corral.server.models.checkpoint_meta import ModelLoadError
+    from corral.server.settings import Settings, default_cpu_threads
 
     with exit_on((OSError, ValueError), 2):
         cases = candidate_cases(args.data, args.schemas)
-    loaded = load_model("corral-tiny")
+    with exit_on((ModelLoadError,), 2):
+        loaded = load_model(args.model)
+    choices: tuple[int, ...] = ()
     if loaded.device.type == "cpu":  # as `corral serve` runs its engine thread: one core left for the rest
         torch.set_num_threads(default_cpu_threads())
+        choices = Settings().cpu_thread_choices()  # and each forward on the count measured best for it
     grammars = GrammarCache(BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)))
-    engine = new_engine(loaded, max(levels))
+    engine = new_engine(loaded, max(levels), choices)
     results = []
     with bench.progress() as progress:
         progress.phase("compile schemas", args.schemas)
@@ -73,7 +80,7 @@ def run_engine(args: argparse.Namespace, bench: Bench) -> int:
                 progress.phase(f"{mode} @ {level}", args.requests)
                 results.append(run_level(engine, grammars, work, mode=mode, concurrency=level,
                                          requests=args.requests, max_tokens=args.max_tokens, on_done=progress.advance))
-    bench.table(f"corral bench engine ({loaded.device}, {len(work)} schemas, no HTTP)",
+    bench.table(f"corral bench engine ({loaded.name}, {loaded.device}, {len(work)} schemas, no HTTP)",
                 ["mode", "conc", "requests", "tokens", "steps", "wall ms/step", "CPU ms/step", "tok/s",
                  "valid/finished"],
                 [[r.mode, str(r.concurrency), str(r.requests), str(r.tokens), str(r.steps), f"{r.wall_ms_per_step:.2f}",

@@ -111,5 +111,7 @@ def run_level(
                        tokens / wall, finished, valid)
 
 
-def new_engine(loaded: LoadedModel, max_batch: int) -> Engine:
-    return Engine(loaded, EngineConfig(max_batch=max_batch))
+def new_engine(loaded: LoadedModel, max_batch: int, thread_choices: tuple[int, ...] = ()) -> Engine:
+    """thread_choices: as the server passes them (Settings.cpu_thread_choices on CPU), so each forward runs on
+    the thread count its measurements chose, as it does behind `corral serve`."""
+    return Engine(loaded, EngineConfig(max_batch=max_batch, thread_choices=thread_choices))
