@@ -264,13 +264,17 @@ class Settings(BaseSettings):
         return [b.strip() for b in self.backends.split(",") if b.strip()]
 
     def cpu_thread_choices(self) -> tuple[int, ...]:
-        """The counts the engine chooses among per forward (corral/server/engine/thread_tuner.py): all cores but one
-        (when masks or HTTP want a core) and all cores (when the other core is free); just `torch_threads`
-        when it is set."""
-        if self.torch_threads:
-            return (self.torch_threads,)
-        cores = os.cpu_count() or 1
-        return tuple(dict.fromkeys((default_cpu_threads(), cores)))
+        return cpu_thread_choices(self.torch_threads)
+
+
+def cpu_thread_choices(torch_threads: int | None = None) -> tuple[int, ...]:
+    """The counts the engine chooses among per forward (corral/server/engine/thread_tuner.py): all cores but one
+    (when masks or HTTP want a core) and all cores (when the other core is free); just `torch_threads` when it
+    is set."""
+    if torch_threads:
+        return (torch_threads,)
+    cores = os.cpu_count() or 1
+    return tuple(dict.fromkeys((default_cpu_threads(), cores)))
 
 
 def default_cpu_threads() -> int:

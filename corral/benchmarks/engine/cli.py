@@ -54,7 +54,7 @@ def run_engine(args: argparse.Namespace, bench: Bench) -> int:
     from corral.grammar_engines.registry import BackendSet
     from corral.server.models import load_model
     from corral.server.models.checkpoint_meta import ModelLoadError
-    from corral.server.settings import Settings, default_cpu_threads
+    from corral.server.settings import cpu_thread_choices, default_cpu_threads
 
     with exit_on((OSError, ValueError), 2):
         cases = candidate_cases(args.data, args.schemas)
@@ -63,7 +63,7 @@ def run_engine(args: argparse.Namespace, bench: Bench) -> int:
     choices: tuple[int, ...] = ()
     if loaded.device.type == "cpu":  # as `corral serve` runs its engine thread: one core left for the rest
         torch.set_num_threads(default_cpu_threads())
-        choices = Settings().cpu_thread_choices()  # and each forward on the count measured best for it
+        choices = cpu_thread_choices()  # and each forward on the count measured best for it
     grammars = GrammarCache(BackendSet(TokenizerSpec(loaded.tokenizer, loaded.vocab_size, loaded.stop_token_ids)))
     engine = new_engine(loaded, max(levels), choices)
     results = []
