@@ -96,9 +96,12 @@ def test_never_wide_keeps_every_product_on_the_repacked_copy(small: tuple[Path, 
         reference.abs().max())
 
 
-def test_the_timed_choice_serves_the_same_logits_at_every_step_size(small: tuple[Path, Any]) -> None:
+def test_the_timed_choice_serves_the_same_logits_at_every_step_size(
+    small: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Whatever the timings choose on this CPU, prompts and decode steps of one and several tokens a row give the
     unrepacked file's logits."""
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path))
     path, config = small
     decoder = _decoder(path, config, repack=True)
     if not decoder.file.repacked_bytes:
@@ -114,3 +117,31 @@ def test_the_timed_choice_serves_the_same_logits_at_every_step_size(small: tuple
         a, b = ours.forward([ForwardRow(0, position, rows)]), theirs.forward([ForwardRow(0, position, rows)])
         assert float((a - b).abs().max()) <= TOLERANCE * float(b.abs().max())
 
+
+
+def test_the_choice_is_timed_once_per_file_cpu_and_ggml_build(
+    small: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A restart reads the choice the first load timed (the same products, so the same answers, on every start),
+    a kept choice of no blocks included."""
+    import corral.server.models.wide_rows as wide_rows
+
+    path, config = small
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path / "cache"))
+    decoder = _decoder(path, config, repack=True)
+    if not decoder.file.repacked_bytes:
+        pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
+    monkeypatch.setattr(wide_rows, "timed_rows", lambda weight: [(8, 1.0, 0.5), (16, 1.0, 0.5)])
+    assert settle_wide_rows(decoder.file) == 8
+
+    def untimed(weight: Any) -> None:
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(wide_rows, "timed_rows", untimed)
+    again = _decoder(path, config, repack=True)
+    assert settle_wide_rows(again.file) == 8 and again.file.wide_rows.start == 8
+    monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path / "other"))
+    monkeypatch.setattr(wide_rows, "timed_rows", lambda weight: [(8, 1.0, 2.0), (16, 1.0, 2.0)])
+    assert settle_wide_rows(_decoder(path, config, repack=True).file) is None
+    monkeypatch.setattr(wide_rows, "timed_rows", untimed)
+    assert settle_wide_rows(_decoder(path, config, repack=True).file) is None

@@ -51,8 +51,9 @@ def _ggml_identity() -> str | None:
     return ";".join(f"{lib.name}:{lib.stat().st_size}:{lib.stat().st_mtime_ns}" for lib in libraries) or None
 
 
-def verdict_path(gguf: Path, parts: tuple[str, ...]) -> Path | None:
-    """Where the verdict on `gguf` with `parts` repacked is kept; None where it cannot be keyed."""
+def keyed_path(gguf: Path, what: list[object], folder: str = FOLDER) -> Path | None:
+    """Where something decided about `gguf` on this CPU and ggml build is kept, `what` naming the decision and
+    its inputs; None where it cannot be keyed."""
     library = _ggml_identity()
     try:
         file = file_key(gguf)
@@ -60,32 +61,51 @@ def verdict_path(gguf: Path, parts: tuple[str, ...]) -> Path | None:
         return None
     if library is None:
         return None
-    identity = [file, list(parts), _cpu_identity(), library, PROBE_VERSION, PROBE_TOKENS, TOLERANCE]
+    identity = [file, _cpu_identity(), library, *what]
     key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:20]
-    return cache_root() / FOLDER / f"{gguf.stem}-{key}.json"
+    return cache_root() / folder / f"{gguf.stem}-{key}.json"
 
 
-def read_verdict(gguf: Path, parts: tuple[str, ...]) -> tuple[bool, float] | None:
-    """(agree, gap) as probed before on this file, CPU and ggml build; None if never (or unreadable)."""
-    path = verdict_path(gguf, parts)
+def read_kept(path: Path | None) -> dict[str, object] | None:
+    """A kept decision's JSON object; None if never kept (or unreadable)."""
     if path is None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return bool(data["agree"]), float(data["gap"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
-def write_verdict(gguf: Path, parts: tuple[str, ...], agree: bool, gap: float) -> None:
-    """Keep a probe's verdict; a cache that cannot be written only costs the next load a probe."""
-    path = verdict_path(gguf, parts)
+def keep(path: Path | None, data: dict[str, object], what: str) -> None:
+    """Write a decision atomically; a cache that cannot be written only costs the next load the work again."""
     if path is None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"agree": agree, "gap": gap, "parts": list(parts)}), encoding="utf-8")
+        temporary.write_text(json.dumps(data), encoding="utf-8")
         temporary.replace(path)  # atomic: a concurrent reader sees the whole verdict or none
     except OSError as exc:
-        log.debug("could not keep the repack verdict for %s: %s", gguf.name, exc)
+        log.debug("could not keep the %s for %s: %s", what, path.name, exc)
+
+
+def verdict_path(gguf: Path, parts: tuple[str, ...]) -> Path | None:
+    """Where the verdict on `gguf` with `parts` repacked is kept; None where it cannot be keyed."""
+    return keyed_path(gguf, [list(parts), PROBE_VERSION, PROBE_TOKENS, TOLERANCE])
+
+
+def read_verdict(gguf: Path, parts: tuple[str, ...]) -> tuple[bool, float] | None:
+    """(agree, gap) as probed before on this file, CPU and ggml build; None if never (or unreadable)."""
+    data = read_kept(verdict_path(gguf, parts))
+    if data is None:
+        return None
+    try:
+        return bool(data["agree"]), float(data["gap"])  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def write_verdict(gguf: Path, parts: tuple[str, ...], agree: bool, gap: float) -> None:
+    """Keep a probe's verdict; a cache that cannot be written only costs the next load a probe."""
+    keep(verdict_path(gguf, parts), {"agree": agree, "gap": gap, "parts": list(parts)}, "repack verdict")
