@@ -14,7 +14,7 @@ from gguf_models import write_small_gguf
 from corral.kernels.block_screen import ggml_q8_0_blocks, q8_0_blocks
 from corral.kernels.row_kernel import QuantBlocks, RowKernel, layer_graphs_available, llamafile_built
 from corral.kernels.timed_choice import TRIALS, TimedChoice
-from corral.server.models.gguf_decoder import load_gguf_decoder
+from corral.server.models.gguf_decoder import DOT_ROWS_MAX, load_gguf_decoder
 
 pytestmark = pytest.mark.skipif(
     not layer_graphs_available(),
@@ -88,3 +88,20 @@ def test_a_gguf_head_serves_the_same_logits_while_it_tries_both_routes(tmp_path:
             torch.testing.assert_close(head(x), tiles(x), rtol=1e-5, atol=1e-5)
     assert all(head.choice.chosen(rows) is not None for rows in (2, 3, 7, 16))
     assert head.choice.chosen(1) is None  # one row: ggml's own product of one row, no choice
+
+
+@pytest.mark.skipif(not llamafile_built(), reason="ggml is built without llamafile's tiles: one route only")
+def test_a_free_text_step_of_few_rows_keeps_its_head_out_of_the_graph_until_the_tiles_win(tmp_path: Path) -> None:
+    """The head inside the decoder's graph multiplies by the tiles: a step of 2-16 rows wanting every logit runs
+    it there only once that row count's trials chose the tiles; one row always does."""
+    path = tmp_path / "gemma3.gguf"
+    reference = write_small_gguf(path, "gemma3")
+    decoder = load_gguf_decoder(path, reference.config, "gemma3")
+    head = decoder.head
+    assert decoder.head_in_graph(1) and decoder.head_in_graph(DOT_ROWS_MAX + 1)
+    assert not decoder.head_in_graph(3)  # not tried yet
+    x = torch.randn(3, head.in_features, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        while head.choice.chosen(3) is None:
+            head(x)
+    assert decoder.head_in_graph(3) == (head.choice.chosen(3) == 0)

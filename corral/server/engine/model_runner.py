@@ -203,7 +203,7 @@ class PackedForward:
         # The decoder gives the wanted positions' states in pack order; the rows' come first in the logits.
         wanted = sorted(mains + drafted)
         last = torch.tensor(wanted, device=self.device)
-        if dense and not drafted and isinstance(self.model, GgufDecoder):  # the head in the decoder's graph
+        if dense and not drafted and isinstance(self.model, GgufDecoder) and self.model.head_in_graph(len(wanted)):
             states, logits = self.model.hidden_and_logits(input_ids, positions, last, self.cache)
             return DecodedStep(rows, hidden=states, logits=logits)
         states = self.model.hidden(input_ids, positions, last, self.cache)

@@ -78,6 +78,12 @@ class GgufHead:
             return self._kernel(x.float())
         return self.choice.run(rows, lambda: self._kernel(x.float()), lambda: dots(ggml_q8_0_blocks(x)))
 
+    def in_graph(self, rows: int) -> bool:
+        """Whether a step's head of `rows` full rows may end the decoder's graph, whose product takes llamafile's
+        tiles: not while this head's own calls of that many rows try both routes, nor where the dot products
+        won them."""
+        return self._dots is None or not 2 <= rows <= DOT_ROWS_MAX or self.choice.chosen(rows) == 0
+
     def select(self, x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Logits of (row, column) pairs, each a float32 dot product with the column's decoded weight row."""
         if len(rows) and bool((rows == rows[0]).all()):  # one row's (a stream's refinement): no gather, same sums
@@ -189,6 +195,11 @@ class GgufDecoder(torch.nn.Module):
         """Each row's last token's final-normed hidden state [B, hidden]; `attend` is the KV cache, whose layout
         the graphs read and write in place (corral/kernels/decode_layout.py)."""
         return self.graphs.hidden(input_ids, positions, last, attend)
+
+    def head_in_graph(self, rows: int) -> bool:
+        """Whether a step wanting every logit of `rows` rows runs its head in the decoder's graph
+        (`hidden_and_logits`) rather than through `head` (GgufHead.in_graph)."""
+        return self.head.in_graph(rows)
 
     def hidden_and_logits(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any
