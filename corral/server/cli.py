@@ -112,12 +112,13 @@ def serve(args: argparse.Namespace) -> int:
 
 def _memory_problem(loaded: Any, settings: Settings) -> str | None:
     """Why the model cannot be served in this machine's memory (None: it fits; a full KV cache that would not
-    is logged as a warning). Weights: what a step reads (a GGUF's blocks) or the parameters' bytes."""
+    is logged as a warning). Weights: what a GGUF's blocks hold (with repacked copies beside them) or the
+    parameters' bytes."""
     from corral.server.memory import available_bytes, memory_verdict
 
     model = loaded.model
-    read = getattr(model, "step_read_bytes", None)
-    weights = int(read()) if callable(read) else sum(p.numel() * p.element_size() for p in model.parameters())
+    held = getattr(model, "weight_memory_bytes", None)
+    weights = int(held()) if callable(held) else sum(p.numel() * p.element_size() for p in model.parameters())
     text = model.config.get_text_config()
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)

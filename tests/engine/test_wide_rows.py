@@ -145,3 +145,16 @@ def test_the_choice_is_timed_once_per_file_cpu_and_ggml_build(
     assert settle_wide_rows(_decoder(path, config, repack=True).file) is None
     monkeypatch.setattr(wide_rows, "timed_rows", untimed)
     assert settle_wide_rows(_decoder(path, config, repack=True).file) is None
+
+
+def test_the_memory_a_decoder_holds_counts_the_blocks_kept_beside_repacked_copies(small: tuple[Path, Any]) -> None:
+    """The start-up memory check counts what the weights hold: with wide products the repacked weights' blocks
+    too, without them what a step reads alone."""
+    path, config = small
+    decoder = _decoder(path, config, repack=True)
+    if not decoder.file.repacked_bytes:
+        pytest.skip("ggml repacks none of these weights on this CPU (no AVX2)")
+    decoder.file.settle_wide_rows(16)
+    assert decoder.weight_memory_bytes() == decoder.step_read_bytes() + decoder.file.repacked_bytes
+    decoder.file.settle_wide_rows(None)
+    assert decoder.weight_memory_bytes() == decoder.step_read_bytes()

@@ -191,6 +191,12 @@ class GgufDecoder(torch.nn.Module):
         """Bytes of weights a decode step of one row reads: the layers' blocks and the head's."""
         return self._layer_bytes + self.head.nbytes
 
+    def weight_memory_bytes(self) -> int:
+        """Bytes the weights hold in memory once served: what a step reads, and the repacked copies' file blocks
+        where wide products read those too (wide_rows.py)."""
+        wide = self.file.wide_rows.start is not None
+        return self.step_read_bytes() + (self.file.repacked_bytes if wide else 0)
+
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, attend: Any) -> torch.Tensor:
         """Each row's last token's final-normed hidden state [B, hidden]; `attend` is the KV cache, whose layout
         the graphs read and write in place (corral/kernels/decode_layout.py)."""
