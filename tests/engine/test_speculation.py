@@ -480,3 +480,39 @@ def test_a_new_row_starts_from_its_kinds_recent_drafts() -> None:
     row = DraftCounts()
     plain.seed(row)
     assert row.kept + row.refused <= 4.0 + 1e-9  # a few drafts' worth: the row's own drafts soon outweigh it
+
+
+def test_a_lone_row_whose_guesses_keep_measures_a_long_draft_priced_from_short_ones() -> None:
+    """Drafted steps of one guess priced every guess at more than a plain step (Gemma 3's head of 2 rows costs 2.6
+    times one row's), so a row copying its prompt never fed the long drafts that pay. A lone row whose guesses are
+    kept feeds its longest draft until EXPLORE_STEPS steps of that shape are measured, then the price decides."""
+    from corral.server.engine.speculation import EXPLORE_STEPS
+
+    spec = Speculation(8, frozenset(), None, 16, 512, 32)
+    linear = CostParts(11.0, 0.0, 0.0, 0.0, 0.0, per_guess={1: 13.7})  # measured from 1-guess drafts
+    spec.cost.parts = lambda: linear  # type: ignore[method-assign]
+    prompt = list(range(1, 21)) * 2
+    seq = Sequence(request_id="copy", prompt_ids=prompt, params=SamplingParams(max_tokens=64, temperature=0.0),
+                   sink=lambda out: None)
+    seq.output_ids.extend([1, 2])
+    seq.num_cached, seq.pending = len(prompt) + 1, [2]
+    spec.prepare([seq])
+    assert seq.draft is None  # an even rate: not worth exploring
+    seq.drafting.kept, seq.drafting.refused = 20.0, 0.0  # its guesses kept
+    long_shape = StepShape(1 + 8, 9, 8, 1)
+    for measured in range(EXPLORE_STEPS + 1):
+        spec.prepare([seq])
+        assert seq.draft is not None and len(seq.draft) == 8, measured
+        spec.cost.record(long_shape, 40.0)  # the first of a shape is not kept: EXPLORE_STEPS + 1 steps in all
+    spec.prepare([seq])
+    assert seq.draft is None  # measured now; the (mocked) price still says it does not pay
+    batch = Sequence(request_id="other", prompt_ids=prompt, params=SamplingParams(max_tokens=64, temperature=0.0),
+                     sink=lambda out: None)
+    batch.output_ids.extend([1, 2])
+    batch.num_cached, batch.pending = len(prompt) + 1, [2]
+    spec.cost = StepCost()
+    spec.cost.parts = lambda: CostParts(11.0, 0.0, 0.0, 0.0, 0.0, per_guess={2: 13.7})  # type: ignore[method-assign]
+    spec.prepare([batch])  # its first chance seeds its tallies
+    seq.drafting.kept, batch.drafting.kept = 20.0, 20.0
+    spec.prepare([seq, batch])
+    assert seq.draft is None and batch.draft is None  # in a batch a guess costs what a step does: no exploring

@@ -26,6 +26,16 @@ from corral.server.engine.sequence import Sequence
 from corral.server.engine.step_cost import CostParts, StepCost, StepShape
 from corral.structured import set_bit
 
+# A draft's guesses are priced per guess from the drafted steps measured (step_cost.py), but a step's cost is not
+# linear in its guesses: on Gemma 3 270M at one row the head of 2 rows costs 2.6 times one row's, of 5 rows 3.7
+# times (docs/measured-choices.md#q8_0-products-of-few-rows), so 1-guess drafts priced every guess at 13.7 ms against
+# a plain step's 11.3, and a reply copying its prompt (guesses kept 95 %) never fed a longer draft, which would have
+# cost ~40 ms for 8 guesses. So a lone row whose guesses are kept at least EXPLORE_RATE, where drafted steps of its
+# row count were measured (the per-guess price is theirs, not the prior's), feeds the longest draft it may,
+# unpriced, until EXPLORE_STEPS steps of that shape are measured; their price then stands on its own shape.
+EXPLORE_RATE = 0.85
+EXPLORE_STEPS = 4
+
 
 def best_length(rate: float, limit: int, step_ms: Callable[[int], float], made: float) -> int:
     """How many draft tokens maximise the step's expected tokens per ms: `made` tokens the step gives anyway,
@@ -109,6 +119,10 @@ class Speculation:
             self._score_shadow(seq)
             rate, share = seq.drafting.rate, seq.drafting.dense_share
             length = best_length(rate, limit, functools.partial(_draft_ms, cost, step, share), made)
+            explore = (length < limit and rate >= EXPLORE_RATE and len(batch) == 1 and step.rows in cost.per_guess
+                       and self.cost.drafted_steps(step.rows, step.tokens + limit) < EXPLORE_STEPS)
+            if explore:  # a long draft whose price is a guess from shorter ones: measured a few times (below)
+                length = limit
             # The room jump-forward has after each guess (none where it is off: the draft forces nothing either).
             forced_room = seq.params.max_tokens - len(seq.output_ids) if self.jump_forward else 0
             if length == 0:  # not worth a draft now: a shadow of the longest one, so the rate is still measured
@@ -126,7 +140,8 @@ class Speculation:
             gain = expected_kept(draft, rate)
             places = len(draft.outputs())
             drafted_ms = cost.step_ms(step.grown(len(draft), places * share))
-            if (made + gain) / max(drafted_ms, 1e-9) <= made / max(cost.step_ms(step), 1e-9):
+            explored = explore and len(draft) == limit
+            if not explored and (made + gain) / max(drafted_ms, 1e-9) <= made / max(cost.step_ms(step), 1e-9):
                 if seq.shadow is None:
                     self._shade(seq, draft)
                 continue

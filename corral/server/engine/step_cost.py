@@ -138,6 +138,10 @@ class StepCost:
             self._fit = None
         (self._drafted if shape.draft_places else self._plain).append((shape, ms, self._steps))
 
+    def drafted_steps(self, rows: int, tokens: int) -> int:
+        """Drafted steps of this many rows and fed tokens in the window (the shape's first, unrecorded, aside)."""
+        return sum(1 for shape, _, _ in self._drafted if (shape.rows, shape.tokens) == (rows, tokens))
+
     def parts(self) -> CostParts:
         """The fit, made again once REFIT_EVERY steps have been recorded since the last."""
         if self._fit is None or self._steps - self._fit[0] >= REFIT_EVERY:
