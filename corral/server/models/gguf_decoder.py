@@ -28,7 +28,7 @@ from corral.kernels.ggml_graph_parts import ROPE_NEOX, ROPE_NORMAL, LayerParts, 
 from corral.kernels.ggml_step_graph import Embedding, StepGraphs
 from corral.kernels.half_sums import attention_sums_in_half
 from corral.kernels.logit_refinement import BestAmong, refine_near_top
-from corral.kernels.row_kernel import LLAMA_CPP_GGML, RowKernel, ggml_version, llamafile_built
+from corral.kernels.row_kernel import LLAMA_CPP_GGML, RowKernel, ggml_modules, ggml_version, llamafile_built
 from corral.kernels.timed_choice import TimedChoice
 from corral.server.models.decoded_rows import DecodedRows
 from corral.server.models.decoder_config import DecoderShape, decoder_shape, rope_frequencies, unsupported_reason
@@ -45,7 +45,6 @@ ROPE_MODES = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX, 
 KV_DTYPE = torch.float16  # llama.cpp's default cache type: half the memory of float32
 HEAD_MAX_ROWS = 1 << 16
 DOT_ROWS_MAX = 16  # past it llamafile's tiles win (Gemma 3's head, 16 rows: 24.5 against 36.8 ms on an AMD EPYC)
-Q8_0 = 8
 LAYER_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # Where repacking every layer weight fails the probe (repack_check.py), the MLP's alone are tried: on the CPU
 # where it failed they were right and carry most of the gain (Qwen2.5 1.5B's 128-token prompt: 59-63 tok/s with
@@ -67,7 +66,7 @@ class GgufHead:
         # A Q8_0 head's products of a few rows: llamafile's tiles or ggml's own dot products, whichever the first
         # calls of each row count time faster (timed_choice.py).
         self._dots = None
-        if weight.ggml_type == Q8_0 and llamafile_built():
+        if weight.ggml_type == ggml_modules()[0].GGML_TYPE_Q8_0 and llamafile_built():
             self._dots = RowKernel(weight, max_rows=DOT_ROWS_MAX, input_blocks=True, dot_products=True)
         self.choice = TimedChoice()
         self._rows = DecodedRows(lambda ids: file.dequantized_rows(weight.name, ids), self.in_features)

@@ -202,10 +202,8 @@ class GgufFile:
         self.wide_rows.start = start
         if start is not None:
             return
-        for weight in self._weights.values():
-            if weight.blocks is not None:
-                info = self.info(weight.name)
-                self._release(info.offset, weight.nbytes)
+        for name in self.repacked_names():
+            self._release(self.info(name).offset, self.nbytes(name))
 
     def repacked_names(self) -> list[str]:
         """The weights repacked (each with its blocks beside it)."""
